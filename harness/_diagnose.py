@@ -1,0 +1,180 @@
+"""Turn a hung or crashed world into a report a learner can act on."""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def _is_library(path: str) -> bool:
+    return (path.startswith(_HARNESS_DIR) or "/site-packages/" in path or "/lib/python3" in path
+            or path.startswith("<"))
+
+
+def _threads(stack_dump: str) -> list[list[tuple]]:
+    threads, current = [], None
+    for line in stack_dump.splitlines():
+        if "most recent call first" in line:
+            current = []
+            threads.append(current)
+            continue
+        m = _FRAME.match(line)
+        if m and current is not None:
+            current.append((m["file"], int(m["line"]), m["func"].strip()))
+    return threads
+
+
+def blocking_line(stack_dump: str) -> str | None:
+    """The innermost user frame of the rank's main loop thread, with its source line."""
+    threads = _threads(stack_dump)
+    main = next((t for t in threads if any(f.endswith("_rank.py") for f, _, _ in t)), threads[0] if threads else [])
+    for file, line, func in main:  # innermost first
+        if not _is_library(file):
+            source = linecache.getline(file, line).strip()
+            return f"{_short(file)}:{line} in {func}: {source}"
+    return None
+
+
+def _short(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _pending(flight: list) -> dict | None:
+    """The rank's op it is stuck in: the last issued op whose Python wait never returned."""
+    issued, done, waiting = {}, set(), set()
+    for ev in flight:
+        if ev["ev"] == "issue":
+            issued[ev["i"]] = ev
+        elif ev["ev"] == "wait":
+            waiting.add(ev["i"])
+        elif ev["ev"] == "done":
+            done.add(ev["i"])
+    stuck = [issued[i] for i in sorted(waiting - done) if i in issued]
+    return stuck[-1] if stuck else (issued[max(issued)] if issued else None)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _collectives(flight: list) -> list:
+    return [ev for ev in flight if ev["ev"] == "issue" and ev["kind"] not in ("send", "recv")]
+
+
+def diagnose_hang(flights: list, stuck: list, where: dict) -> str | None:
+    n = len(flights)
+    # 1. Collective sequences that disagree between ranks.
+    seqs = [_collectives(f) for f in flights]
+    for i in range(max((len(s) for s in seqs), default=0)):
+        present = {r: s[i] for r, s in enumerate(seqs) if i < len(s)}
+        kinds = {ev["kind"] for ev in present.values()}
+        if len(kinds) > 1:
+            a, b = sorted(present)[:2]
+            for r in sorted(present)[1:]:
+                if present[r]["kind"] != present[a]["kind"]:
+                    b = r
+                    break
+            return (f"rank {b}'s {_ordinal(i + 1)} collective is {present[b]['kind']} "
+                    f"({present[b]['site']}), rank {a}'s is {present[a]['kind']} ({present[a]['site']}): "
+                    "every rank must issue the same collectives in the same order")
+        shapes = {r: ev.get("shapes") for r, ev in present.items()}
+        if len({repr(v) for v in shapes.values()}) > 1:
+            a = min(present)
+            b = next(r for r in sorted(present) if shapes[r] != shapes[a])
+            return (f"the ranks' {_ordinal(i + 1)} collective ({present[a]['kind']}) has tensors of shape "
+                    f"{_shape(shapes[b])} on rank {b} ({present[b]['site']}) but {_shape(shapes[a])} on rank {a}: "
+                    "every rank must pass tensors of the same size")
+        missing = [r for r in range(n) if r not in present]
+        if missing and present:
+            r0 = min(present)
+            ev = present[r0]
+            return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
+                    f"which rank{'s' if len(missing) > 1 else ''} {_names(missing)} never issued: "
+                    "a collective skipped on some ranks (a rank-dependent if?)")
+    # 2. Point-to-point: who waits on whom.
+    pend = {r: _pending(flights[r]) for r in stuck}
+    p2p = {r: ev for r, ev in pend.items() if ev and ev["kind"] in ("send", "recv")}
+    if p2p:
+        for kind in ("recv", "send"):
+            same = [r for r, ev in p2p.items() if ev["kind"] == kind]
+            if len(same) >= 2 and all(p2p[r]["peer"] in p2p for r in same):
+                if kind == "recv":
+                    return (f"ranks {_names(same)} {_both(same)} wait in recv(): p2p deadlock -- each waits for a "
+                            "message its peer never sends; post the sends first, or use isend/irecv")
+                return (f"ranks {_names(same)} {_both(same)} wait in a blocking send(): on gloo send() waits until the "
+                        "peer posts the matching recv, so two ranks that both send first deadlock; "
+                        "use isend/irecv or batch_isend_irecv")
+        r, ev = sorted(p2p.items())[0]
+        peer = ev["peer"]
+        if peer is not None and peer not in stuck:
+            verb = "a message from" if ev["kind"] == "recv" else "rank to receive from"
+            return (f"rank {r} waits in {ev['kind']}() for {verb} rank {peer}, which already returned "
+                    "without the matching " + ("send" if ev["kind"] == "recv" else "recv"))
+        return f"rank {r} waits in {ev['kind']}() with rank {peer} ({ev['site']}), which never matches it"
+    # 3. A rank that is not communicating at all.
+    busy = [r for r in stuck if pend.get(r) is None]
+    if busy:
+        r = busy[0]
+        return f"rank {r} is not inside a communication op: it is still computing at {where.get(r)} (an endless loop?)"
+    return None
+
+
+def _shape(shapes) -> str:
+    return ", ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes or [])
+
+
+def _both(ranks: list) -> str:
+    return "both" if len(ranks) == 2 else "all"
+
+
+def _names(ranks: list) -> str:
+    ranks = sorted(ranks)
+    return ", ".join(map(str, ranks[:-1])) + " and " + str(ranks[-1]) if len(ranks) > 1 else str(ranks[0])
+
+
+def hang_message(timeout: float, stuck: list, where: dict, flights: list, diagnosis: str | None) -> str:
+    lines = [f"the ranks did not finish within {timeout:g} s (ranks still running: {_names(stuck)})"]
+    if diagnosis:
+        lines.append(f"diagnosis: {diagnosis}")
+    for r in sorted(where):
+        last = [ev for ev in flights[r] if ev["ev"] == "issue"]
+        state = "still running" if r in stuck else "finished"
+        lines.append(f"  rank {r} ({state}) blocked at: {where[r] or '(no user frame)'}")
+        if last:
+            ev = last[-1]
+            peer = f" peer {ev['peer']}" if ev.get("peer") is not None else ""
+            lines.append(f"      last comm op: #{ev['i'] + 1} {ev['kind']}{peer} at {ev['site']}")
+    return "\n".join(lines)
+
+
+_GLOO_ABORTS = {
+    "doesn't match expected size": "gloo found a size mismatch between two matched ops: "
+                                   "the ranks passed tensors of different sizes to the same collective or send/recv",
+    "Connection closed by peer": "its peer died first",
+}
+
+
+def crash_message(rank: int, exitcode: int | None, stderr: str) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    lines = [f"rank {rank} {how}"]
+    for needle, meaning in _GLOO_ABORTS.items():
+        if needle in stderr:
+            lines[0] += f": {meaning}"
+            break
+    tail = [line for line in stderr.strip().splitlines() if line.strip()][-8:]
+    if tail:
+        lines.append("  its last stderr lines:")
+        lines.extend(f"    {line}" for line in tail)
+    return "\n".join(lines)

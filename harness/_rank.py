@@ -1,0 +1,104 @@
+"""The loop each rank process runs: receive a task, run it traced, send back the result.
+
+This module is preloaded by the forkserver, so importing torch, torch.distributed
+and the optimizers' lazy torch._dynamo happens once, not once per rank.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
+
+from . import _tracer
+from .errors import ForbiddenOp, TraceTampered
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__), _HARNESS_DIR, os.path.dirname(os.__file__))
+
+
+def _die_with_parent():
+    """Ask Linux to SIGKILL this rank when the forkserver (our parent) dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _user_frames(tb) -> list:
+    frames = []
+    for fs in traceback.extract_tb(tb):
+        if fs.filename.startswith(_LIBRARY_DIRS) or "site-packages" in fs.filename:
+            continue
+        frames.append((fs.filename, fs.lineno, fs.name, (fs.line or "").strip()))
+    return frames
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return cloudpickle.dumps(obj)
+
+
+def rank_main(rank, world_size, backend, store_path, conn, files):
+    _die_with_parent()
+    stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(stderr_fd, 2)
+    stack_file = open(files["stack"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    flight_fd = os.open(files["flight"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=600))
+    recorder = _tracer.install(rank, flight_fd)
+    conn.send_bytes(b"ready")
+    functions = {}
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if payload == b"stop":
+            break
+        try:
+            fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
+            if fn_bytes is not None:
+                functions[fn_key] = cloudpickle.loads(fn_bytes)
+            fn = functions[fn_key]
+            recorder.reset(policy)
+            value = fn(*args, **kwargs)
+            recorder.check_untampered()
+            ops, phases = recorder.export()
+            reply = ("ok", value, ops, phases)
+        except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
+            ops, phases = recorder.export()
+            kind = "forbidden" if isinstance(exc, ForbiddenOp) else \
+                "tampered" if isinstance(exc, TraceTampered) else "error"
+            reply = (kind, (type(exc).__name__, str(exc), _user_frames(exc.__traceback__)), ops, phases)
+        try:
+            data = _dumps(reply)
+        except Exception as exc:  # an unpicklable return value
+            data = cloudpickle.dumps(("error", (type(exc).__name__,
+                                                f"the rank function's return value cannot be sent back: {exc}",
+                                                []), [], []))
+        conn.send_bytes(data)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,126 @@
+"""problems.yaml: the one catalogue of problems, validated when it is loaded."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CATALOGUE = os.path.join(ROOT, "problems.yaml")
+
+_REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
+_OPTIONAL = {"title_zh", "world_sizes", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints"}
+_DIFFICULTIES = ("easy", "medium", "hard")
+_OP_KINDS = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
+             "reduce", "gather", "scatter", "send", "recv"}
+
+
+class CatalogueError(Exception):
+    """problems.yaml is malformed; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    number: int
+    slug: str
+    title: str
+    difficulty: str
+    topic: str
+    file: str
+    names: tuple
+    title_zh: str = ""
+    world_sizes: tuple = (1, 2, 3, 4)
+    forbidden_ops: tuple = ()
+    allowed_ops: tuple | None = None
+    time_limit: float = 5.0
+    points: dict = field(default_factory=dict)
+    hints: tuple = ()
+
+    @property
+    def folder(self) -> str:
+        return f"{self.number}_{self.slug}"
+
+    def practice_file(self, root: str = ROOT) -> str:
+        return os.path.join(root, "practice", self.folder, self.file)
+
+    def solution_file(self, root: str = ROOT) -> str:
+        return os.path.join(root, "solutions", self.folder, self.file)
+
+    def tests_dir(self, tests_root: str | None = None) -> str:
+        return os.path.join(tests_root or os.path.join(ROOT, "practice"), self.folder)
+
+    def wrong_files(self, root: str = ROOT) -> list:
+        folder = os.path.join(root, "solutions", self.folder, "wrong")
+        if not os.path.isdir(folder):
+            return []
+        return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+
+    def points_for(self, test_name: str) -> float:
+        return float(self.points.get(test_name.split("[")[0], 1))
+
+    @property
+    def display_title(self) -> str:
+        return f"{self.title}（{self.title_zh}）" if self.title_zh else self.title
+
+
+def load(path: str = CATALOGUE) -> dict:
+    """number -> Problem.  Raises CatalogueError naming the entry and the field at fault."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise CatalogueError(f"{path} not found") from None
+    except yaml.YAMLError as e:
+        raise CatalogueError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("problems"), list):
+        raise CatalogueError(f"{path} must be a mapping with a 'problems:' list")
+    problems = {}
+    for i, entry in enumerate(data["problems"]):
+        where = f"{os.path.basename(path)}, entry {i + 1}"
+        if not isinstance(entry, dict):
+            raise CatalogueError(f"{where}: each problem must be a mapping")
+        if "number" in entry:
+            where += f" (problem {entry['number']})"
+        unknown = set(entry) - _REQUIRED - _OPTIONAL
+        if unknown:
+            raise CatalogueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_REQUIRED | _OPTIONAL))}")
+        missing = _REQUIRED - set(entry)
+        if missing:
+            raise CatalogueError(f"{where}: missing {', '.join(sorted(missing))}")
+        if not isinstance(entry["number"], int):
+            raise CatalogueError(f"{where}: number must be an integer")
+        if entry["number"] in problems:
+            raise CatalogueError(f"{where}: duplicate problem number {entry['number']}")
+        if entry["difficulty"] not in _DIFFICULTIES:
+            raise CatalogueError(f"{where}: difficulty must be one of {', '.join(_DIFFICULTIES)}")
+        for key in ("forbidden_ops", "allowed_ops"):
+            bad = set(entry.get(key) or ()) - _OP_KINDS
+            if bad:
+                raise CatalogueError(f"{where}: {key} has unknown op kinds {', '.join(sorted(bad))}; "
+                                     f"known: {', '.join(sorted(_OP_KINDS))}")
+        if not isinstance(entry.get("points", {}), dict):
+            raise CatalogueError(f"{where}: points must map test names to numbers")
+        problem = Problem(
+            number=entry["number"], slug=str(entry["slug"]), title=str(entry["title"]),
+            difficulty=entry["difficulty"], topic=str(entry["topic"]), file=str(entry["file"]),
+            names=tuple(entry["names"]), title_zh=str(entry.get("title_zh", "")),
+            world_sizes=tuple(entry.get("world_sizes", (1, 2, 3, 4))),
+            forbidden_ops=tuple(entry.get("forbidden_ops") or ()),
+            allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
+            time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
+            hints=tuple(entry.get("hints") or ()))
+        for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):
+            if os.path.dirname(path) == ROOT and not os.path.isfile(file):
+                raise CatalogueError(f"{where}: its {kind} {os.path.relpath(file, ROOT)} does not exist")
+        problems[problem.number] = problem
+    return problems
+
+
+def problem_for_path(path: str, problems: dict) -> Problem | None:
+    """The problem a test file belongs to, from its folder name ``<number>_<slug>`` (or ``<number>``)."""
+    for part in reversed(os.path.normpath(os.path.abspath(path)).split(os.sep)):
+        head = part.split("_", 1)[0]
+        if head.isdigit() and int(head) in problems:
+            return problems[int(head)]
+    return None

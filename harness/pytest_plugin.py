@@ -1,0 +1,172 @@
+"""pytest integration: the ``target`` fixture, the problem's policy, shared profiles, plain-words failures.
+
+Loaded by the root conftest.py, and by judge.py with ``-p harness.pytest_plugin``
+so that a hidden test folder outside the repository gets the same behaviour.
+
+Choosing the code under test, in order of precedence:
+    --target FILE          a student's file or a known-wrong version
+    --solution             the reference in solutions/
+    KIT_TARGET=FILE|solution
+    (default)              the learner's stub in practice/
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from . import catalogue, runner
+from .check import PropertyFailed
+from .errors import HangError, HarnessError, NotImplementedYet, RankCrashed, TargetError
+from .target import Target
+
+PROFILES = {"quick": 10, "default": 50, "thorough": 500}
+for _name, _examples in PROFILES.items():
+    settings.register_profile(
+        _name, max_examples=_examples, deadline=None, print_blob=True, derandomize=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                               HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+settings.load_profile(os.environ.get("KIT_PROFILE", "default"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kit", "distributed-training practice kit")
+    group.addoption("--target", default=None, help="judge this implementation file instead of practice/")
+    group.addoption("--solution", action="store_true", help="judge the reference in solutions/")
+    group.addoption("--kit-report", default=None, help="write a JSON report of every test (used by judge.py)")
+
+
+_PROBLEMS = None
+
+
+def _problems():
+    global _PROBLEMS
+    if _PROBLEMS is None:
+        try:
+            _PROBLEMS = catalogue.load()
+        except catalogue.CatalogueError as e:
+            raise pytest.UsageError(str(e)) from None
+    return _PROBLEMS
+
+
+def _problem_of(request):
+    problem = catalogue.problem_for_path(str(request.node.path), _problems())
+    if problem is None:
+        pytest.fail(f"{request.node.path} is not inside a problem folder named <number>_<slug>", pytrace=False)
+    return problem
+
+
+def _target_path(config, problem) -> str:
+    chosen = config.getoption("--target") or os.environ.get("KIT_TARGET")
+    if config.getoption("--solution") or chosen == "solution":
+        return problem.solution_file()
+    if chosen:
+        return os.path.abspath(chosen)
+    return problem.practice_file()
+
+
+@pytest.fixture(scope="module")
+def problem(request):
+    """The problems.yaml entry of the test file's folder."""
+    return _problem_of(request)
+
+
+@pytest.fixture(scope="module")
+def target(request, problem):
+    """The implementation under test, as a ``harness.Target`` (loaded only inside the ranks)."""
+    try:
+        return Target(_target_path(request.config, problem), problem.names).validate()
+    except TargetError as e:
+        error = str(e)
+    pytest.fail(error, pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _problem_policy(request):
+    """Every ``harness.run`` in a problem's tests obeys that problem's ops policy and time limit."""
+    problem = catalogue.problem_for_path(str(request.node.path), _problems())
+    if problem is None:
+        yield
+        return
+    with runner.defaults(forbid=problem.forbidden_ops, allow=problem.allowed_ops, timeout=problem.time_limit):
+        yield
+
+
+def pytest_sessionfinish(session):
+    runner.shutdown()
+    path = session.config.getoption("--kit-report", default=None)
+    if path and not hasattr(session.config, "workerinput"):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"tests": _REPORTS, "finished_at": time.time()}, f, indent=1)
+
+
+# ---- failures in plain words -------------------------------------------------------------------
+
+def _first_exception(exc):
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _example(exc) -> str:
+    notes = getattr(exc, "__notes__", None) or []
+    return "\n".join(n for n in notes if not n.startswith("You can reproduce")).strip()
+
+
+def explain(exc) -> tuple[str, str]:
+    """(kind, message) for a failure; kind is what judge.py shows in its table."""
+    if isinstance(exc, NotImplementedYet):
+        return "not implemented", str(exc)
+    if isinstance(exc, HangError):
+        return "hang", str(exc)
+    if isinstance(exc, RankCrashed):
+        return "crash", str(exc)
+    if isinstance(exc, PropertyFailed):
+        return "property", str(exc)
+    if isinstance(exc, HarnessError):
+        return type(exc).__name__, str(exc)
+    if isinstance(exc, AssertionError):
+        return "property", str(exc) or "assertion failed"
+    return "error", f"{type(exc).__name__}: {exc}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" and not (report.failed and report.when == "setup"):
+        return
+    problem = catalogue.problem_for_path(str(item.path), _problems())
+    points = problem.points_for(item.name) if problem else 1.0
+    report.user_properties.append(("kit_points", points))
+    report.user_properties.append(("kit_problem", problem.number if problem else None))
+    if report.failed and call.excinfo is not None:
+        exc = _first_exception(call.excinfo.value)
+        kind, message = explain(exc)
+        example = _example(exc)
+        report.user_properties.append(("kit_kind", kind))
+        report.user_properties.append(("kit_message", message))
+        report.user_properties.append(("kit_example", example))
+        if isinstance(exc, (HarnessError, PropertyFailed)):
+            text = f"[{kind}] {message}"
+            if example:
+                text += "\n\n" + example
+            report.longrepr = text
+
+
+_REPORTS: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
+        props = dict(report.user_properties)
+        _REPORTS.append({
+            "nodeid": report.nodeid, "name": report.nodeid.split("::")[-1], "outcome": report.outcome,
+            "duration": report.duration, "points": props.get("kit_points", 1.0),
+            "problem": props.get("kit_problem"), "kind": props.get("kit_kind"),
+            "message": props.get("kit_message") or (str(report.longrepr) if report.failed else ""),
+            "example": props.get("kit_example", ""),
+        })

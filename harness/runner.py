@@ -1,0 +1,340 @@
+"""Run a function on N real torch.distributed ranks and get back each rank's value and trace.
+
+Ranks are forked from a forkserver that has torch preloaded, form one process
+group, and stay alive between calls: a call costs a few milliseconds, not the
+seconds of a fresh ``mp.spawn``.  Any failure retires the whole world; the next
+call builds a fresh one.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+from multiprocessing import popen_forkserver, spawn
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import cloudpickle
+
+from . import _diagnose
+from ._tracer import Policy
+from .errors import ForbiddenOp, HangError, NotImplementedYet, RankCrashed, RankError, TraceTampered
+from .trace import CommOp, PhaseSpan, Trace
+
+DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "5"))
+_START_TIMEOUT = 60.0
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["harness._rank"])
+
+
+class _Popen(popen_forkserver.Popen):
+    """Forkserver launch that does not re-run the caller's main module in each rank.
+
+    Plain multiprocessing re-imports ``__main__`` in the child (spawn semantics),
+    which would re-run judge.py, pytest or a learner's script in every rank.
+    """
+
+    def _launch(self, process_obj):
+        real = spawn.get_preparation_data
+
+        def without_main(name):
+            data = real(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = without_main
+        try:
+            super()._launch(process_obj)
+        finally:
+            spawn.get_preparation_data = real
+
+
+class _RankProcess(_CTX.Process):
+    @staticmethod
+    def _Popen(process_obj):
+        return _Popen(process_obj)
+
+
+@dataclass
+class RunResult:
+    values: list          # each rank's return value, by rank
+    trace: Trace
+
+    def __iter__(self):   # allows ``values, trace = harness.run(...)``
+        return iter((self.values, self.trace))
+
+
+def pick_backend(world_size: int, backend: str = "auto") -> str:
+    if backend != "auto":
+        return backend
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+            return "nccl"
+    except Exception:
+        pass
+    return "gloo"
+
+
+class World:
+    """N live rank processes in one process group, fed tasks over pipes."""
+
+    def __init__(self, world_size: int, backend: str):
+        self.world_size, self.backend = world_size, backend
+        self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
+        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "flight")}
+                      for r in range(world_size)]
+        self.conns, self.procs = [], []
+        self.sent_fns = set()
+        store = os.path.join(self.dir, "store")
+        for r in range(world_size):
+            parent, child = _CTX.Pipe()
+            p = _RankProcess(target=_rank_entry, args=(r, world_size, backend, store, child, self.files[r]),
+                             daemon=True, name=f"harness-rank{r}")
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        deadline = time.monotonic() + _START_TIMEOUT
+        for r, c in enumerate(self.conns):
+            if not c.poll(max(0.0, deadline - time.monotonic())) or c.recv_bytes() != b"ready":
+                self.close()
+                raise RankCrashed(f"rank {r} failed to start:\n{self._stderr(r)}", r, self.procs[r].exitcode,
+                                  self._stderr(r))
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send_bytes(b"stop")
+            except Exception:
+                pass
+        deadline = time.monotonic() + 1.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for c in self.conns:
+            c.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.procs, self.conns = [], []
+
+    def kill(self):
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(2.0)
+        self.close()
+
+    def _stderr(self, rank: int, limit: int = 4000) -> str:
+        try:
+            with open(self.files[rank]["stderr"], errors="replace") as f:
+                return f.read()[-limit:]
+        except OSError:
+            return ""
+
+    def _flight(self, rank: int) -> list:
+        try:
+            with open(self.files[rank]["flight"]) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def _stacks(self) -> list:
+        """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
+        sizes = []
+        for r, p in enumerate(self.procs):
+            try:
+                sizes.append(os.path.getsize(self.files[r]["stack"]))
+            except OSError:
+                sizes.append(0)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(0.2)
+        stacks = []
+        for r in range(self.world_size):
+            try:
+                with open(self.files[r]["stack"], errors="replace") as f:
+                    f.seek(sizes[r])
+                    stacks.append(f.read())
+            except OSError:
+                stacks.append("")
+        return stacks
+
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float) -> RunResult:
+        # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
+        fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
+        fn_bytes = None if fn_key in self.sent_fns else cloudpickle.dumps(fn)
+        self.sent_fns.add(fn_key)
+        payload = _dumps((fn_key, fn_bytes, args, kwargs, policy))
+        for c in self.conns:
+            c.send_bytes(payload)
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        pending = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while pending:
+            wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
+            ready = mpc.wait(list(pending) + list(sentinels), max(0.0, wait_until - time.monotonic()))
+            if not ready:
+                break
+            for obj in ready:
+                if obj in pending:
+                    r = pending[obj]
+                    try:
+                        replies[r] = pickle.loads(obj.recv_bytes())
+                    except (EOFError, OSError):
+                        continue  # its sentinel reports the death
+                    del pending[obj]
+                    if replies[r][0] != "ok" and first_error_at is None:
+                        first_error_at = time.monotonic()
+                elif obj in sentinels:
+                    r = sentinels.pop(obj)
+                    self.procs[r].join(0.5)
+                    if self.conns[r] in pending and not self.conns[r].poll():
+                        raise self._crash(r)
+        if pending and first_error_at is None:
+            raise self._hang(timeout, sorted(pending.values()))
+        errors = {r: rep for r, rep in replies.items() if rep[0] != "ok"}
+        if errors:
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            if dead and all(_is_gloo_fallout(rep) for rep in errors.values()):
+                raise self._crash(dead[0])  # the others' errors are only its echo
+            self.kill()
+            raise _rank_error(errors, self.world_size)
+        trace = Trace([[CommOp(**op) for op in replies[r][2]] for r in range(self.world_size)],
+                      [[PhaseSpan(**p) for p in replies[r][3]] for r in range(self.world_size)])
+        return RunResult([replies[r][1] for r in range(self.world_size)], trace)
+
+    def _crash(self, rank: int) -> RankCrashed:
+        time.sleep(0.1)  # let the other ranks' stderr settle
+        code = self.procs[rank].exitcode
+        stderr = self._stderr(rank)
+        self.kill()
+        return RankCrashed(_diagnose.crash_message(rank, code, stderr), rank, code, stderr)
+
+    def _hang(self, timeout: float, stuck: list) -> HangError:
+        stacks = self._stacks()
+        flights = [self._flight(r) for r in range(self.world_size)]
+        self.kill()
+        where = {r: _diagnose.blocking_line(stacks[r]) for r in range(self.world_size)}
+        diagnosis = _diagnose.diagnose_hang(flights, stuck, where)
+        return HangError(_diagnose.hang_message(timeout, stuck, where, flights, diagnosis),
+                         where, diagnosis, timeout)
+
+
+_FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return cloudpickle.dumps(obj)
+
+
+def _rank_entry(*args):
+    from harness._rank import rank_main
+    rank_main(*args)
+
+
+_GLOO_NOISE = ("Connection closed by peer", "Connection reset", "Timed out", "Gloo", "gloo")
+
+
+def _is_gloo_fallout(reply) -> bool:
+    return reply[0] == "error" and any(s in reply[1][1] for s in _GLOO_NOISE)
+
+
+def _rank_error(errors: dict, world_size: int) -> Exception:
+    """Pick the root cause: prefer a rank whose error did not come from gloo's fallout."""
+    rank, (kind, (exc_type, message, frames), *_rest) = sorted(
+        errors.items(), key=lambda it: (_is_gloo_fallout(it[1]), it[0]))[0]
+    if kind == "forbidden":
+        return ForbiddenOp(f"rank {rank}: {message}")
+    if kind == "tampered":
+        return TraceTampered(f"rank {rank}: {message}")
+    cls = NotImplementedYet if exc_type == "NotImplementedError" else RankError
+    return cls(rank, exc_type, message, frames, world_size)
+
+
+_WORLDS: dict[tuple, World] = {}
+
+
+_DEFAULTS = {"forbid": (), "allow": None, "timeout": None}
+
+
+@contextmanager
+def defaults(forbid=(), allow=None, timeout=None):
+    """Set the policy and timeout that ``run`` uses when a call gives none (the problem's, from problems.yaml)."""
+    saved = dict(_DEFAULTS)
+    _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout)
+    try:
+        yield
+    finally:
+        _DEFAULTS.update(saved)
+
+
+def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
+        backend: str = "auto", **kwargs) -> RunResult:
+    """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
+
+    Returns each rank's value and the harness's trace of every communication op.
+    ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
+    raises ``ForbiddenOp``.  Raises ``RankError`` (``NotImplementedYet`` for a
+    stub), ``RankCrashed`` or ``HangError``.
+    """
+    if not 1 <= world_size <= 64:
+        raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
+    backend = pick_backend(world_size, backend)
+    key = (world_size, backend)
+    world = _WORLDS.get(key)
+    if world is None or not all(p.is_alive() for p in world.procs):
+        if world is not None:
+            world.kill()
+        world = _WORLDS[key] = World(world_size, backend)
+    _register_by_value(fn)
+    policy = Policy(_DEFAULTS["forbid"] if forbid is None else forbid, _DEFAULTS["allow"] if allow is None else allow)
+    timeout = timeout or _DEFAULTS["timeout"] or DEFAULT_TIMEOUT
+    try:
+        return world.call(fn, args, kwargs, policy, timeout)
+    except BaseException:
+        _WORLDS.pop(key, None)
+        world.kill()
+        raise
+
+
+def _register_by_value(fn):
+    """Rank functions often live in test files that the ranks cannot import by name."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__ in ("__main__",) or module.__name__.startswith(("harness.", "torch")):
+        return
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except (ValueError, TypeError):
+        pass
+
+
+def shutdown():
+    """Stop every pooled world.  Runs at exit; safe to call any time."""
+    for world in list(_WORLDS.values()):
+        world.close()
+    _WORLDS.clear()
+
+
+def live_rank_pids() -> list[int]:
+    return [p.pid for w in _WORLDS.values() for p in w.procs if p.is_alive()]
+
+
+atexit.register(shutdown)

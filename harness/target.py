@@ -1,0 +1,91 @@
+"""The learner's implementation file, named by path and loaded only inside the ranks.
+
+The test process never imports learner code: it only checks, with ``ast``, that
+the file parses and defines the required names.  So a submission cannot patch
+the test process, and a syntax error becomes a clear ``TargetError``.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .errors import TargetError
+
+_LOADED: dict = {}
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str
+    names: tuple = field(default=())   # the public names the problem requires
+
+    def validate(self) -> "Target":
+        """Check the file without running it.  Raises TargetError in plain words."""
+        if not os.path.isfile(self.path):
+            raise TargetError(f"target file not found: {self.path}")
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+        try:
+            tree = ast.parse(source, filename=self.path)
+        except SyntaxError as e:
+            raise TargetError(f"syntax error in {self.path}:{e.lineno}: {e.msg}\n    {(e.text or '').rstrip()}") from None
+        defined = _top_level_names(tree)
+        missing = [n for n in self.names if n not in defined]
+        if missing:
+            raise TargetError(f"{self.path} does not define {', '.join(missing)} "
+                              f"(the problem needs: {', '.join(self.names)})")
+        return self
+
+    def load(self):
+        """Import the file (inside a rank), once per content; returns the module."""
+        st = os.stat(self.path)
+        key = (os.path.abspath(self.path), st.st_mtime_ns, st.st_size)
+        module = _LOADED.get(key)
+        if module is None:
+            name = "kit_target_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+            spec = importlib.util.spec_from_file_location(name, self.path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            _LOADED[key] = module
+        return module
+
+
+def _top_level_names(tree: ast.Module) -> set:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def device():
+    """This rank's device: its own GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reference_of(wrong_version_file: str):
+    """The reference module beside a known-wrong version (``solutions/<problem>/wrong/x.py``).
+
+    Known-wrong versions import it and change only the part they get wrong, so each
+    file shows its bug and nothing else.
+    """
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(wrong_version_file)))
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    if len(files) != 1:
+        raise TargetError(f"expected exactly one reference .py file in {folder}, found {files}")
+    return Target(os.path.join(folder, files[0])).load()

@@ -1,0 +1,11 @@
+"""Measures exposed time from the last bucket's own ready time, not from the last gradient overall."""
+from harness import reference_of
+
+ref = reference_of(__file__)
+make_buckets, comm_timeline, BucketedDDP = ref.make_buckets, ref.comm_timeline, ref.BucketedDDP
+REJECTED_BY = "test_exposed_comm"
+
+
+def exposed_comm(ready, buckets, sizes, bw, latency=0.0):
+    spans = comm_timeline(ready, buckets, sizes, bw, latency)
+    return max(0.0, spans[-1][1] - max(ready[i] for i in buckets[-1])) if spans else 0.0
