@@ -8,7 +8,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
-_OPTIONAL = {"title_zh", "world_sizes", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints"}
+_OPTIONAL = {"title_zh", "world_sizes", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints",
+             "trace_test"}
 _DIFFICULTIES = ("easy", "medium", "hard")
 _OP_KINDS = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
              "reduce", "gather", "scatter", "send", "recv"}
@@ -34,6 +35,7 @@ class Problem:
     time_limit: float = 5.0
     points: dict = field(default_factory=dict)
     hints: tuple = ()
+    trace_test: str = ""   # the test whose last case --trace/--show records
 
     @property
     def folder(self) -> str:
@@ -109,7 +111,7 @@ def load(path: str = CATALOGUE) -> dict:
             forbidden_ops=tuple(entry.get("forbidden_ops") or ()),
             allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
-            hints=tuple(entry.get("hints") or ()))
+            hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):
             if os.path.dirname(path) == ROOT and not os.path.isfile(file):
                 raise CatalogueError(f"{where}: its {kind} {os.path.relpath(file, ROOT)} does not exist")

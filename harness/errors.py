@@ -10,7 +10,7 @@ class HarnessError(Exception):
     """Base of everything ``harness.run`` raises about the ranks."""
 
 
-class RankError(HarnessError):
+class _RankFailure:
     """Code on a rank raised.  ``frames`` are (file, line, function, source) of the code under test."""
 
     def __init__(self, rank: int, exc_type: str, message: str, frames: list, world_size: int = 0):
@@ -27,8 +27,16 @@ class RankError(HarnessError):
         return "\n".join(lines)
 
 
-class NotImplementedYet(RankError):
-    """The learner's stub still raises NotImplementedError."""
+class RankError(_RankFailure, HarnessError):
+    """Code on a rank raised.  ``frames`` are (file, line, function, source) of the code under test."""
+
+
+class NotImplementedYet(_RankFailure, BaseException):
+    """The learner's stub still raises NotImplementedError.
+
+    A BaseException on purpose: hypothesis then stops at once instead of
+    shrinking (every input fails the same way), and the test reports it.
+    """
 
     @property
     def location(self) -> str:

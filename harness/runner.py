@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import multiprocessing as mp
 import multiprocessing.connection as mpc
 from multiprocessing import popen_forkserver, spawn
 import os
@@ -24,15 +23,15 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from . import _diagnose
+from . import _diagnose, timeline
+from ._boot import CONTEXT
 from ._tracer import Policy
 from .errors import ForbiddenOp, HangError, NotImplementedYet, RankCrashed, RankError, TraceTampered
 from .trace import CommOp, PhaseSpan, Trace
 
 DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "5"))
 _START_TIMEOUT = 60.0
-_CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["harness._rank"])
+_CTX = CONTEXT
 
 
 class _Popen(popen_forkserver.Popen):
@@ -191,20 +190,24 @@ class World:
             if not ready:
                 break
             for obj in ready:
+                if obj in sentinels:
+                    r = sentinels.pop(obj)
+                    obj = self.conns[r]
+                    if obj not in pending:
+                        continue
+                    if not obj.poll():
+                        raise self._crash(r)
                 if obj in pending:
                     r = pending[obj]
                     try:
                         replies[r] = pickle.loads(obj.recv_bytes())
                     except (EOFError, OSError):
-                        continue  # its sentinel reports the death
+                        # The pipe closed without a reply: the rank died.  (Skipping it here
+                        # would leave an always-ready pipe in the wait set: a busy loop forever.)
+                        raise self._crash(r) from None
                     del pending[obj]
                     if replies[r][0] != "ok" and first_error_at is None:
                         first_error_at = time.monotonic()
-                elif obj in sentinels:
-                    r = sentinels.pop(obj)
-                    self.procs[r].join(0.5)
-                    if self.conns[r] in pending and not self.conns[r].poll():
-                        raise self._crash(r)
         if pending and first_error_at is None:
             raise self._hang(timeout, sorted(pending.values()))
         errors = {r: rep for r, rep in replies.items() if rep[0] != "ok"}
@@ -212,13 +215,19 @@ class World:
             dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
             if dead and all(_is_gloo_fallout(rep) for rep in errors.values()):
                 raise self._crash(dead[0])  # the others' errors are only its echo
-            self.kill()
-            raise _rank_error(errors, self.world_size)
+            error = _rank_error(errors, self.world_size)
+            # Every rank returned and their ops pair up: nothing is left in flight, so the
+            # world is reusable (a stub fails every example; rebuilding each time is slow).
+            error.world_reusable = not pending and _ops_balanced([rep[2] for _, rep in sorted(replies.items())])
+            if not error.world_reusable:
+                self.kill()
+            raise error
         trace = Trace([[CommOp(**op) for op in replies[r][2]] for r in range(self.world_size)],
                       [[PhaseSpan(**p) for p in replies[r][3]] for r in range(self.world_size)])
         return RunResult([replies[r][1] for r in range(self.world_size)], trace)
 
     def _crash(self, rank: int) -> RankCrashed:
+        self.procs[rank].join(1.0)  # its pipe can close a moment before it is reaped
         time.sleep(0.1)  # let the other ranks' stderr settle
         code = self.procs[rank].exitcode
         stderr = self._stderr(rank)
@@ -257,7 +266,25 @@ def _is_gloo_fallout(reply) -> bool:
     return reply[0] == "error" and any(s in reply[1][1] for s in _GLOO_NOISE)
 
 
-def _rank_error(errors: dict, world_size: int) -> Exception:
+def _ops_balanced(ops_by_rank: list) -> bool:
+    """Every group's members issued as many collectives, and every send met its recv."""
+    collectives, sends, recvs = {}, {}, {}
+    for rank, ops in enumerate(ops_by_rank):
+        for op in ops:
+            if op["kind"] == "send":
+                sends[(rank, op["peer"])] = sends.get((rank, op["peer"]), 0) + 1
+            elif op["kind"] == "recv":
+                recvs[(op["peer"], rank)] = recvs.get((op["peer"], rank), 0) + 1
+            else:
+                collectives.setdefault(op["group"], {}).setdefault(rank, 0)
+                collectives[op["group"]][rank] += 1
+    for group, counts in collectives.items():
+        if len(counts) != len(group) or len(set(counts.values())) > 1:
+            return False
+    return sends == recvs
+
+
+def _rank_error(errors: dict, world_size: int) -> BaseException:
     """Pick the root cause: prefer a rank whose error did not come from gloo's fallout."""
     rank, (kind, (exc_type, message, frames), *_rest) = sorted(
         errors.items(), key=lambda it: (_is_gloo_fallout(it[1]), it[0]))[0]
@@ -308,10 +335,13 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     policy = Policy(_DEFAULTS["forbid"] if forbid is None else forbid, _DEFAULTS["allow"] if allow is None else allow)
     timeout = timeout or _DEFAULTS["timeout"] or DEFAULT_TIMEOUT
     try:
-        return world.call(fn, args, kwargs, policy, timeout)
-    except BaseException:
-        _WORLDS.pop(key, None)
-        world.kill()
+        result = world.call(fn, args, kwargs, policy, timeout)
+        timeline.save_if_asked(result.trace)
+        return result
+    except BaseException as error:
+        if not getattr(error, "world_reusable", False):
+            _WORLDS.pop(key, None)
+            world.kill()
         raise
 
 

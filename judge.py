@@ -1,0 +1,297 @@
+#!/usr/bin/env python
+"""Judge your distributed-training practice problems.
+
+    python judge.py                      list problems, your progress, and what to do next
+    python judge.py 113                  judge practice/113_*/ (your file)
+    python judge.py 113 --solution       judge the reference
+    python judge.py 113 --target F.py    judge any file (a student's, a known-wrong version)
+    python judge.py 113 --tests DIR      use another test set laid out like practice/ (hidden tests)
+    python judge.py 113 --hint           show the next hint
+    python judge.py 113 --watch          re-judge on every save
+    python judge.py 113 --reset          restore the stub (your file is backed up)
+    python judge.py 113 --trace t.json   write one test case's timeline (Perfetto / chrome://tracing)
+    python judge.py 113 --show           draw that timeline in the terminal
+    python judge.py selfcheck [N ...]    reference passes, stub scores 0, every known-wrong version fails
+    python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions
+
+Exit codes: 0 all passed, 1 some failed, 2 interrupted, 3 internal error, 4 usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+
+from harness import catalogue, report, workflows  # noqa: E402
+from harness.judging import InternalError, UsageError, judge_once  # noqa: E402
+
+EXIT_PASS, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2, 3, 4
+
+
+def _problem(problems: dict, text: str):
+    if not text.isdigit() or int(text) not in problems:
+        valid = ", ".join(str(n) for n in sorted(problems))
+        raise UsageError(f"no problem {text!r}. Valid problems: {valid}. Run 'python judge.py' to list them.")
+    return problems[int(text)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judge.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade'")
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--solution", action="store_true", help="judge the reference in solutions/")
+    which.add_argument("--target", metavar="FILE", help="judge this file instead of practice/")
+    p.add_argument("--tests", metavar="DIR", help="test set laid out like practice/ (e.g. hidden tests)")
+    p.add_argument("--seed", type=int, help="hypothesis seed (printed with every run, for replay)")
+    p.add_argument("--profile", choices=["quick", "default", "thorough"], default="default",
+                   help="examples per property: about 10, 50, 500")
+    p.add_argument("-k", dest="select", metavar="EXPR", help="only tests matching this pytest -k expression")
+    p.add_argument("--format", choices=["text", "json", "gradescope"], default="text")
+    p.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
+    p.add_argument("--hint", action="store_true", help="show the next hint for this problem")
+    p.add_argument("--watch", action="store_true", help="re-judge on every save of your file")
+    p.add_argument("--reset", action="store_true", help="restore the stub, after asking; keeps a backup")
+    p.add_argument("--yes", action="store_true", help="answer yes to --reset's question")
+    p.add_argument("--trace", metavar="FILE", help="write one test case's timeline as Chrome trace-event JSON")
+    p.add_argument("--show", action="store_true", help="draw one test case's timeline in the terminal")
+    p.add_argument("--out", metavar="CSV", help="grade: where to write the gradebook (CSV, plus JSON beside it)")
+    p.add_argument("--jobs", type=int, help="grade: submissions judged in parallel (default: CPU cores)")
+    p.add_argument("--timeout", type=float, default=600, help="grade: seconds per submission")
+    p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        problems = catalogue.load()
+    except catalogue.CatalogueError as e:
+        print(f"problems.yaml: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.problem is None:
+            return cmd_list(problems)
+        if args.problem == "selfcheck":
+            return cmd_selfcheck(problems, args)
+        if args.problem == "grade":
+            return cmd_grade(problems, args)
+        if args.rest:
+            raise UsageError(f"unexpected arguments: {' '.join(args.rest)}")
+        problem = _problem(problems, args.problem)
+        if args.hint:
+            return cmd_hint(problem)
+        if args.reset:
+            print(workflows.reset(problem, ask=(lambda _q: "y") if args.yes else input))
+            return EXIT_PASS
+        if args.watch:
+            return cmd_watch(problem, args)
+        if args.trace or args.show:
+            return cmd_trace(problem, args)
+        return cmd_judge(problem, args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except InternalError as e:
+        print(f"internal error: {e}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _target(problem, args) -> tuple[str, list]:
+    """(path, the judge.py arguments that select it again, for replay commands)."""
+    if args.solution:
+        return problem.solution_file(), ["--solution"]
+    if args.target:
+        path = os.path.abspath(args.target)
+        if not os.path.isfile(path):
+            raise UsageError(f"target file not found: {args.target}")
+        return path, ["--target", args.target]
+    return problem.practice_file(), []
+
+
+def _validate(problem, path):
+    from harness.errors import TargetError
+    from harness.target import Target
+    try:
+        Target(path, problem.names).validate()
+    except TargetError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_judge(problem, args) -> int:
+    path, target_args = _target(problem, args)
+    _validate(problem, path)
+    if args.tests and not os.path.isdir(args.tests):
+        raise UsageError(f"--tests: folder not found: {args.tests}")
+    verdict = judge_once(problem, path, tests_root=args.tests, profile=args.profile, seed=args.seed,
+                         select=args.select, maxfail=1 if args.brief else None)
+    if not verdict.tests:
+        raise UsageError(f"no tests matched in {verdict.tests_dir}" + (f" for -k {args.select!r}" if args.select else ""))
+    if args.tests:
+        target_args = target_args + ["--tests", args.tests]
+    if args.format == "text":
+        report.render_text(verdict, target_args, brief=args.brief) if not args.output else \
+            report.write(verdict, "text", args.output, target_args)
+    else:
+        report.write(verdict, args.format, args.output, target_args)
+    if path == problem.practice_file() and not args.select and not args.tests:
+        workflows.record_result(problem, verdict.score, verdict.max_score, verdict.all_passed)
+    return EXIT_PASS if verdict.all_passed else EXIT_FAIL
+
+
+def cmd_list(problems) -> int:
+    from rich.table import Table
+    from rich.text import Text
+    con = report.console()
+    state = workflows.load_state()
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for col in ("#", "problem", "difficulty", "topic", "status"):
+        table.add_column(col)
+    for n in sorted(problems):
+        p = problems[n]
+        status = workflows.status_of(p, state)
+        style = "green" if status == "passed" else "yellow" if status.startswith("failing") else "dim"
+        table.add_row(str(n), p.display_title, p.difficulty, p.topic, Text(status, style=style))
+    con.print(table)
+    nxt = workflows.next_problem(problems, state)
+    if nxt is None:
+        con.print(Text("Every problem passes. Try --profile thorough, or grade yourself on hidden tests.", style="green"))
+    else:
+        con.print(Text(f"next: read practice/{nxt.folder}/README.md, then run: python judge.py {nxt.number}",
+                       style="bold"))
+    return EXIT_PASS
+
+
+def cmd_hint(problem) -> int:
+    index, text = workflows.next_hint(problem)
+    if text is None:
+        print(f"No more hints for {problem.number}: you have seen all {len(problem.hints)}. "
+              f"The statement is practice/{problem.folder}/README.md.")
+    else:
+        print(f"Hint {index}/{len(problem.hints)} for {problem.number}: {text}")
+    return EXIT_PASS
+
+
+def cmd_watch(problem, args) -> int:
+    import subprocess
+    path, target_args = _target(problem, args)
+    cmd = [sys.executable, os.path.join(ROOT, "judge.py"), str(problem.number), *target_args, "--brief",
+           "--profile", "quick" if args.profile == "default" else args.profile]
+    print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop")
+
+    def rejudge():
+        print("\n" + "─" * 60)
+        subprocess.run(cmd, cwd=ROOT)  # a fresh process each time, so edits are picked up
+
+    try:
+        workflows.watch(path, rejudge)
+    except KeyboardInterrupt:
+        print("\nstopped watching")
+    return EXIT_PASS
+
+
+def cmd_trace(problem, args) -> int:
+    from harness import timeline
+    path, target_args = _target(problem, args)
+    _validate(problem, path)
+    out = args.trace or os.path.join(tempfile.mkdtemp(prefix="kit-trace-"), "trace.json")
+    select = args.select or (problem.trace_test or None)
+    verdict = judge_once(problem, path, tests_root=args.tests, profile="quick", seed=args.seed, select=select,
+                         maxfail=1, extra_env={"KIT_TRACE_FILE": os.path.abspath(out)})
+    if not os.path.exists(out):
+        raise UsageError("no multi-rank call ran in the chosen test" +
+                         (f" ({select})" if select else "") + "; pick one with -k")
+    con = report.console()
+    case = ", ".join(t.name for t in verdict.tests[:1])
+    con.print(f"traced the last case of {case} ({'failing' if verdict.failures() else 'passing'})")
+    if args.trace:
+        con.print(f"wrote {out}: open it in https://ui.perfetto.dev or chrome://tracing")
+    if args.show:
+        from rich.text import Text
+        with open(out, encoding="utf-8") as f:
+            chrome = json.load(f)
+        text = Text()
+        for piece, style in timeline.render_lanes(chrome):
+            text.append(piece, style=style)
+        con.print(text)
+        if problem.number == 118:
+            _show_pipeline(problem, path, con)
+    return EXIT_PASS
+
+
+def _show_pipeline(problem, path, con):
+    try:
+        from harness import pipeline_grid
+    except ImportError:
+        return
+    con.print(pipeline_grid.show_for_target(path))
+
+
+def cmd_selfcheck(problems, args) -> int:
+    from rich.table import Table
+    from rich.text import Text
+    chosen = [_problem(problems, n) for n in args.rest] if args.rest else [problems[n] for n in sorted(problems)]
+    if args.tests and not os.path.isdir(args.tests):
+        raise UsageError(f"--tests: folder not found: {args.tests}")
+    rows = []
+    for problem in chosen:
+        rows += workflows.selfcheck_problem(problem, tests_root=args.tests, profile=args.profile if args.profile != "default" else "quick",
+                                            seed=args.seed if args.seed is not None else 0)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        con = report.console()
+        table = Table(show_edge=False, pad_edge=False, box=None)
+        for col in ("problem", "target", "", "detail"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(str(r["problem"]), r["target"], Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"),
+                          r["detail"])
+        con.print(table)
+        bad = [r for r in rows if not r["ok"]]
+        con.print(Text(f"{len(rows) - len(bad)} of {len(rows)} checks as expected", style="red" if bad else "green"))
+    return EXIT_FAIL if any(not r["ok"] for r in rows) else EXIT_PASS
+
+
+def cmd_grade(problems, args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+    if len(args.rest) != 2 or not args.out:
+        raise UsageError("usage: python judge.py grade <problem> <submissions folder> --out grades.csv")
+    problem = _problem(problems, args.rest[0])
+    if args.tests and not os.path.isdir(args.tests):
+        raise UsageError(f"--tests: folder not found: {args.tests}")
+    seed = args.seed if args.seed is not None else 0   # one seed for the whole class: same cases for everyone
+    count = len(workflows.find_submissions(args.rest[1], problem))
+    con = report.console()
+    with Progress(console=con, transient=not con.is_terminal) as bar:
+        task = bar.add_task(f"grading {count} submissions for {problem.number}", total=count)
+        results = workflows.grade(problem, args.rest[1], args.out, profile=args.profile, seed=seed,
+                                  tests_root=args.tests, jobs=args.jobs, timeout=args.timeout,
+                                  progress=lambda r: bar.advance(task))
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for col in ("student", "score", "status"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r["student"], f"{r['score']:g}/{r.get('max_score') or '?'}", r["status"])
+    con.print(table)
+    summary = workflows.common_failures(results)
+    if summary:
+        con.print("most common failing properties:")
+        for s in summary:
+            con.print(f"  {s['students']} × {s['test']} ({s['kind']}): {s['example']}")
+    con.print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.json")
+    return EXIT_PASS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
