@@ -65,6 +65,7 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     recorder = _tracer.install(rank, flight_fd)
+    verify_tracer = _tracer.integrity_snapshot()  # taken before any learner code runs
     conn.send_bytes(b"ready")
     functions = {}
     while True:
@@ -74,13 +75,15 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
             break
         if payload == b"stop":
             break
+        token = None
         try:
-            fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
+            token, fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
             if fn_bytes is not None:
                 functions[fn_key] = cloudpickle.loads(fn_bytes)
             fn = functions[fn_key]
             recorder.reset(policy)
             value = fn(*args, **kwargs)
+            verify_tracer()
             recorder.check_untampered()
             ops, phases = recorder.export()
             reply = ("ok", value, ops, phases)
@@ -90,11 +93,11 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
                 "tampered" if isinstance(exc, TraceTampered) else "error"
             reply = (kind, (type(exc).__name__, str(exc), _user_frames(exc.__traceback__)), ops, phases)
         try:
-            data = _dumps(reply)
+            data = _dumps((token, reply))
         except Exception as exc:  # an unpicklable return value
-            data = cloudpickle.dumps(("error", (type(exc).__name__,
-                                                f"the rank function's return value cannot be sent back: {exc}",
-                                                []), [], []))
+            data = cloudpickle.dumps((token, ("error", (type(exc).__name__,
+                                                        f"the rank function's return value cannot be sent back: {exc}",
+                                                        []), [], [])))
         conn.send_bytes(data)
     try:
         dist.destroy_process_group()

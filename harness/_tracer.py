@@ -74,6 +74,12 @@ def _tensors(x):
     return []
 
 
+def _short_path(path: str) -> str:
+    """Relative to the working directory when inside it: messages stay readable."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def _user_frame(frame):
     """The innermost frame outside torch, the harness and the stdlib threading module."""
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
@@ -128,7 +134,7 @@ class Recorder:
         frame = _user_frame(sys._getframe(2))
         if frame is None:
             return None, "<torch internals>"
-        return frame, f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        return frame, f"{_short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
     def issue(self, func, args, kwargs) -> dict | None:
         op_name = func._schema.name.split("::")[-1]
@@ -208,7 +214,7 @@ class Recorder:
         for group, (pg, before) in _sequence_numbers().items():
             start = self.seq_start.get(group, (None, 0))[1]
             ran = before - start
-            if ran > traced.get(group, 0):
+            if ran != traced.get(group, 0):
                 raise TraceTampered(
                     f"group {list(group)} ran {ran} communication ops but the harness traced "
                     f"{traced.get(group, 0)}: something bypassed the tracer (functional collectives, "
@@ -321,6 +327,37 @@ def _refuse_backend_call(name):
             f"{name}() was called on a Backend object directly (at {site}); the harness cannot "
             "trace that path. Use torch.distributed's functions (dist.all_reduce, dist.isend, ...).")
     return refuse
+
+
+def integrity_snapshot():
+    """Remember every piece of the tracer; the returned check raises TraceTampered if any was replaced.
+
+    The rank loop takes it before learner code runs and keeps it in a local
+    variable, so replacing a method, a module attribute or a function's code
+    object is caught after the call.
+    """
+    import harness
+    pieces = [(Recorder, n) for n in vars(Recorder) if callable(vars(Recorder)[n]) and not n.startswith("__")]
+    pieces += [(Policy, "check"), (_C10D.Work, "wait"), (_C10D.ProcessGroup, "monitored_barrier")]
+    module = sys.modules[__name__]
+    pieces += [(module, n) for n in ("_traced_kernel", "_user_frame", "_group_ranks", "_sequence_numbers",
+                                     "phase", "_RECORDER", "_tensors", "_short_path")]
+    pieces += [(cls, n) for cls in _backend_classes() for n in _BACKEND_METHODS if n in vars(cls)]
+    snapshot = [(owner, name, getattr(owner, name), getattr(getattr(owner, name), "__code__", None))
+                for owner, name in pieces]
+    recorder, recorder_fields = _RECORDER, set(vars(_RECORDER))
+    harness_phase = getattr(harness, "phase")
+
+    def verify():
+        for owner, name, value, code in snapshot:
+            now = getattr(owner, name, None)
+            if now is not value or getattr(now, "__code__", None) is not code:
+                raise TraceTampered(f"the harness's tracer was modified ({getattr(owner, '__name__', owner)}.{name})")
+        if getattr(harness, "phase") is not harness_phase or module._RECORDER is not recorder:
+            raise TraceTampered("the harness's tracer was modified (harness.phase or the recorder)")
+        if set(vars(recorder)) - recorder_fields:
+            raise TraceTampered("the harness's tracer was modified (the recorder's methods were shadowed)")
+    return verify
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import atexit
 import json
 import multiprocessing.connection as mpc
 from multiprocessing import popen_forkserver, spawn
+import io
 import os
 import pickle
 import shutil
@@ -176,7 +177,8 @@ class World:
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
         fn_bytes = None if fn_key in self.sent_fns else cloudpickle.dumps(fn)
         self.sent_fns.add(fn_key)
-        payload = _dumps((fn_key, fn_bytes, args, kwargs, policy))
+        token = os.urandom(16)  # a reply without it was not written by the rank loop
+        payload = _dumps((token, fn_key, fn_bytes, args, kwargs, policy))
         for c in self.conns:
             c.send_bytes(payload)
         replies: dict[int, tuple] = {}
@@ -200,7 +202,7 @@ class World:
                 if obj in pending:
                     r = pending[obj]
                     try:
-                        replies[r] = pickle.loads(obj.recv_bytes())
+                        replies[r] = self._reply(r, obj.recv_bytes(), token)
                     except (EOFError, OSError):
                         # The pipe closed without a reply: the rank died.  (Skipping it here
                         # would leave an always-ready pipe in the wait set: a busy loop forever.)
@@ -226,6 +228,20 @@ class World:
                       [[PhaseSpan(**p) for p in replies[r][3]] for r in range(self.world_size)])
         return RunResult([replies[r][1] for r in range(self.world_size)], trace)
 
+    def _reply(self, rank: int, data: bytes, token: bytes):
+        try:
+            token_back, reply = _SafeUnpickler(io.BytesIO(data)).load()
+        except pickle.UnpicklingError as e:
+            self.kill()
+            raise RankError(rank, "UnpicklingError", str(e), [], self.world_size) from None
+        if token_back != token:
+            self.kill()
+            raise TraceTampered(f"rank {rank} sent a reply that the harness's rank loop did not write")
+        if self.conns[rank].poll(0):
+            self.kill()
+            raise TraceTampered(f"rank {rank} sent more than one reply")
+        return reply
+
     def _crash(self, rank: int) -> RankCrashed:
         self.procs[rank].join(1.0)  # its pipe can close a moment before it is reaped
         time.sleep(0.1)  # let the other ranks' stderr settle
@@ -242,6 +258,43 @@ class World:
         diagnosis = _diagnose.diagnose_hang(flights, stuck, where)
         return HangError(_diagnose.hang_message(timeout, stuck, where, flights, diagnosis),
                          where, diagnosis, timeout)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Replies come from processes that ran learner code: unpickle plain data and tensors only.
+
+    A pickle can name any callable; refusing the rest keeps learner code out of the test process.
+    """
+
+    _ALLOWED = {
+        "builtins": {"set", "frozenset", "complex", "slice", "range", "bytearray", "list", "dict", "tuple",
+                     "int", "float", "str", "bool", "bytes"},
+        "collections": {"OrderedDict", "defaultdict", "deque"},
+        "copyreg": {"_reconstructor"},
+        "torch": {"Size", "device", "Tensor", "finfo", "iinfo"},
+        "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter",
+                         "_rebuild_parameter_with_state"},
+        "torch._tensor": {"_rebuild_from_type_v2"},
+        "torch.storage": {"_load_from_bytes", "UntypedStorage", "TypedStorage"},
+        "torch.nn.parameter": {"Parameter"},
+        "numpy": {"ndarray", "dtype"},
+        "numpy.core.multiarray": {"_reconstruct", "scalar"},
+        "numpy._core.multiarray": {"_reconstruct", "scalar"},
+        "numpy.core.numeric": {"_frombuffer"},
+        "numpy._core.numeric": {"_frombuffer"},
+        "harness.trace": {"CommOp", "PhaseSpan", "Trace"},
+        "harness.models": {"OptimizerSpec"},
+    }
+
+    def find_class(self, module, name):
+        import torch
+        allowed = name in self._ALLOWED.get(module, ()) or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        if allowed:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"its reply contains {module}.{name}, which the test process refuses to unpickle: rank functions "
+            "must return plain data (numbers, strings, lists, dicts, tuples, tensors)")
 
 
 _FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique

@@ -196,7 +196,7 @@ def selfcheck_problem(problem: Problem, tests_root: str | None = None, profile: 
             want = expected[t["id"]]
             hit = [r for r in failed if r.name.split("[")[0] == want] if want else failed
             ok = bool(hit) and all(r.message for r in hit)
-            detail = (f"rejected by {want}: {hit[0].message.splitlines()[0][:160]}" if ok
+            detail = (f"rejected by {want}: {hit[0].message.splitlines()[0][:100]}" if ok
                       else f"NOT rejected by {want or 'any test'}" + ("" if want else " (no REJECTED_BY)"))
         rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail,
                      "path": os.path.relpath(t["path"], ROOT)})
