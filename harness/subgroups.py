@@ -1,0 +1,34 @@
+"""Process groups inside a rank function: tensor or pipeline parallelism nested inside data parallelism.
+
+Call from a rank function, on every rank together::
+
+    with contiguous_groups(2) as (group, ranks, index):
+        ...  # group: this rank's group of 2 consecutive ranks; index: which group it is
+
+The groups are destroyed on exit, so a pooled world does not collect one per call.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch.distributed as dist
+
+
+def group_layout(world_size: int, size: int) -> list[list[int]]:
+    """The global ranks of each group: consecutive blocks of ``size`` ranks."""
+    if size < 1 or world_size % size:
+        raise ValueError(f"cannot split {world_size} ranks into groups of {size}")
+    return [list(range(start, start + size)) for start in range(0, world_size, size)]
+
+
+@contextmanager
+def contiguous_groups(size: int):
+    """Yield (this rank's group, its global ranks, the group's index).  Every rank must enter together."""
+    layout = group_layout(dist.get_world_size(), size)
+    groups = [dist.new_group(ranks) for ranks in layout]
+    index = dist.get_rank() // size
+    try:
+        yield groups[index], layout[index], index
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)

@@ -1,0 +1,440 @@
+"""Problem 117 properties.  Each test is one line of the statement's list.
+
+Learner code runs only on the ranks (``harness.run``); the full layers' outputs and
+gradients are computed here, in the test process, with plain single-process PyTorch.
+Which slice of the weights a rank holds is found by value (``harness.shard_match``),
+never by reading attribute names.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+from torch import nn
+
+import harness
+from harness import strategies as hs
+from harness.shard_match import (check_holds_exactly, check_own_storage, check_shard_grads, columns,
+                                 distinct_values_, held_tensors, rows)
+from harness.subgroups import contiguous_groups, group_layout
+
+TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-8), torch.float32: dict(atol=2e-5, rtol=1e-4)}
+KINDS = ("column", "row", "mlp", "attention")
+
+
+# ---- the three communication functions ----------------------------------------------------------
+
+@st.composite
+def comm_cases(draw):
+    n = draw(hs.world_sizes())
+    lead = draw(st.lists(st.integers(1, 3), max_size=2))
+    return dict(n=n, shape=tuple(lead) + (draw(st.integers(1, 4)),), dtype=draw(hs.dtypes()), seed=draw(hs.seeds()))
+
+
+def _rank_tensor(case, rank, salt, last=None):
+    shape = case["shape"] if last is None else case["shape"][:-1] + (last,)
+    gen = torch.Generator().manual_seed(case["seed"] + 7919 * rank + salt)
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(case["dtype"])
+
+
+def _comm_function(target, name, case):
+    """Runs on every rank: this rank's own x and upstream grad through one function, forward and backward."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    fn = getattr(target.load(), name)
+    x = _rank_tensor(case, rank, 1).requires_grad_()
+    with harness.phase("forward"):
+        y = fn(x)
+    grad = _rank_tensor(case, rank, 2, last=case["shape"][-1] * (n if name == "gather_from_tp" else 1))
+    out = {"y": y.detach().clone(), "x_grad": None}
+    if tuple(y.shape) == tuple(grad.shape):
+        with harness.phase("backward"):
+            y.backward(grad)
+        out["x_grad"] = x.grad
+    return out
+
+
+def _check_ops(trace, rank, phase, expected, n, what):
+    """The op kinds issued in ``phase`` are ``expected``; with one rank, skipping a no-op collective is fine."""
+    got = [op.kind for op in trace.ops(rank, phase=phase)]
+    if n == 1 and all(k in expected for k in got) and len(got) <= len(expected):
+        return
+    sites = "; ".join(op.describe() for op in trace.ops(rank, phase=phase)) or "nothing"
+    harness.check(got == expected, f"{what}: the {phase} pass must issue {_op_list(expected)}, it issued "
+                                   f"{_op_list(got)} ({sites})", rank=rank)
+
+
+def _op_list(kinds):
+    return "no communication" if not kinds else " then ".join(f"one {k}" for k in kinds)
+
+
+def _check_comm_function(target, name, case, forward_ops, backward_ops, expect_y, expect_grad):
+    n = case["n"]
+    values, trace = harness.run(_comm_function, n, target, name, case)
+    xs = [_rank_tensor(case, r, 1) for r in range(n)]
+    out_last = case["shape"][-1] * (n if name == "gather_from_tp" else 1)
+    gs = [_rank_tensor(case, r, 2, last=out_last) for r in range(n)]
+    tol = TOLERANCE[case["dtype"]]
+    for r, out in enumerate(values):
+        _check_ops(trace, r, "forward", forward_ops, n, name)
+        _check_ops(trace, r, "backward", backward_ops, n, name)
+        harness.assert_close(out["y"], expect_y(xs, r), f"{name}(x) forward output", rank=r, **tol)
+        harness.assert_close(out["x_grad"], expect_grad(gs, r), f"{name}(x): gradient reaching x", rank=r, **tol)
+
+
+@given(comm_cases())
+def test_copy_to_tp(target, case):
+    _check_comm_function(target, "copy_to_tp", case, [], ["all_reduce"],
+                         expect_y=lambda xs, r: xs[r], expect_grad=lambda gs, r: sum(gs[1:], gs[0]))
+
+
+@given(comm_cases())
+def test_reduce_from_tp(target, case):
+    _check_comm_function(target, "reduce_from_tp", case, ["all_reduce"], [],
+                         expect_y=lambda xs, r: sum(xs[1:], xs[0]), expect_grad=lambda gs, r: gs[r])
+
+
+@given(comm_cases())
+def test_gather_from_tp(target, case):
+    k = case["shape"][-1]
+    _check_comm_function(target, "gather_from_tp", case, ["all_gather"], [],
+                         expect_y=lambda xs, r: torch.cat(xs, dim=-1),
+                         expect_grad=lambda gs, r: gs[r][..., r * k:(r + 1) * k])
+
+
+# ---- the layers: cases, the full single-process layers, each rank's shard ------------------------
+
+@st.composite
+def tp_cases(draw, kinds=KINDS, n=None):
+    n = n or draw(hs.world_sizes())
+    kind = draw(st.sampled_from(kinds))
+    case = dict(kind=kind, n=n, dtype=draw(hs.dtypes()), bias=draw(st.booleans()), seed=draw(hs.seeds()),
+                lead=tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))))
+    width, per_rank = st.integers(1, 5), st.integers(1, 3)
+    if kind == "column":
+        case.update(d_in=draw(width), d_out=n * draw(per_rank), gather_output=draw(st.booleans()))
+    elif kind == "row":
+        case.update(d_in=n * draw(per_rank), d_out=draw(width), input_is_parallel=draw(st.booleans()))
+    elif kind == "mlp":
+        case.update(d_in=draw(width), hidden=n * draw(per_rank), d_out=draw(width))
+    else:
+        case.update(embed=draw(width), heads=n * draw(st.integers(1, 2)), head_dim=draw(st.integers(1, 3)),
+                    seq=draw(st.integers(1, 4)))
+    return case
+
+
+def full_layers(case, index=0) -> dict:
+    """The full (unsharded) nn.Linear layers, every entry distinct; same on every rank and in the test."""
+    dtype, bias = case["dtype"], case["bias"]
+    kind = case["kind"]
+    if kind in ("column", "row"):
+        layers = {"fc": nn.Linear(case["d_in"], case["d_out"], bias=bias, dtype=dtype)}
+    elif kind == "mlp":
+        layers = {"fc1": nn.Linear(case["d_in"], case["hidden"], bias=bias, dtype=dtype),
+                  "fc2": nn.Linear(case["hidden"], case["d_out"], bias=bias, dtype=dtype)}
+    else:
+        hd = case["heads"] * case["head_dim"]
+        layers = {"qkv": nn.Linear(case["embed"], 3 * hd, bias=bias, dtype=dtype),
+                  "proj": nn.Linear(hd, case["embed"], bias=bias, dtype=dtype)}
+    distinct_values_([p for layer in layers.values() for p in layer.parameters()], case["seed"] + index)
+    return layers
+
+
+def full_tensors(layers) -> dict:
+    return {f"{name}.{p}": t for name, layer in layers.items() for p, t in layer.named_parameters()}
+
+
+def _input_shape(case):
+    last = case["embed"] if case["kind"] == "attention" else case["d_in"]
+    return case["lead"] + ((case["seq"],) if case["kind"] == "attention" else ()) + (last,)
+
+
+def _output_shape(case):
+    return _input_shape(case)[:-1] + (case["embed"] if case["kind"] == "attention" else case["d_out"],)
+
+
+def layer_inputs(case, index=0):
+    """The full input x and the full upstream gradient of the full output."""
+    gen = torch.Generator().manual_seed(case["seed"] + 104729 * (index + 1))
+    x = torch.randn(_input_shape(case), generator=gen, dtype=torch.float64).to(case["dtype"])
+    grad = torch.randn(_output_shape(case), generator=gen, dtype=torch.float64).to(case["dtype"])
+    return x, grad
+
+
+def _sharded_input(case):
+    return case["kind"] == "row" and case["input_is_parallel"]
+
+
+def _sharded_output(case):
+    return case["kind"] == "column" and not case["gather_output"]
+
+
+def _own(size, r, n):
+    k = size // n
+    return slice(r * k, (r + 1) * k)
+
+
+def full_forward(case, layers, x):
+    """Single-process reference: the unsharded layers, written out plainly."""
+    kind = case["kind"]
+    if kind in ("column", "row"):
+        return layers["fc"](x)
+    if kind == "mlp":
+        return layers["fc2"](F.gelu(layers["fc1"](x)))
+    h, d = case["heads"], case["head_dim"]
+    qkv = layers["qkv"](x)
+    heads = []
+    for i in range(h):  # [q; k; v], each head-major: head i is rows i*d:(i+1)*d of each part
+        q, k, v = (qkv[..., part * h * d + i * d: part * h * d + (i + 1) * d] for part in range(3))
+        heads.append(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1) @ v)
+    return layers["proj"](torch.cat(heads, dim=-1))
+
+
+def expected_layer(case, index=0):
+    layers = full_layers(case, index)
+    x, grad = layer_inputs(case, index)
+    x.requires_grad_()
+    y = full_forward(case, layers, x)
+    y.backward(grad)
+    return dict(y=y.detach(), x=x.detach(), x_grad=x.grad, tensors=full_tensors(layers),
+                grads={name: t.grad for name, t in full_tensors(layers).items()})
+
+
+def _span(s: slice, of: int) -> str:
+    return f"[{s.start}, {s.stop}) of {of}"
+
+
+def shards(case, r, n) -> dict:
+    """full tensor name -> (flat indices this rank must hold, shaped like its shard; description)."""
+    tensors = full_tensors(full_layers(case))
+    out = {}
+
+    def add(name, index, what):
+        if name in tensors:
+            out[name] = (index(tuple(tensors[name].shape)), what)
+
+    def column_part(name, size):
+        own = _own(size, r, n)
+        add(f"{name}.weight", lambda s: rows(s, range(own.start, own.stop)), f"rows {_span(own, size)}")
+        add(f"{name}.bias", lambda s: rows(s, range(own.start, own.stop)), f"entries {_span(own, size)}")
+
+    def row_part(name, size):
+        own = _own(size, r, n)
+        add(f"{name}.weight", lambda s: columns(s, range(own.start, own.stop)), f"columns {_span(own, size)}")
+        add(f"{name}.bias", lambda s: rows(s, range(s[0])), "all of it, the same on every rank")
+
+    kind = case["kind"]
+    if kind == "column":
+        column_part("fc", case["d_out"])
+    elif kind == "row":
+        row_part("fc", case["d_in"])
+    elif kind == "mlp":
+        column_part("fc1", case["hidden"])
+        row_part("fc2", case["hidden"])
+    else:
+        h, d = case["heads"], case["head_dim"]
+        mine = _own(h, r, n)
+        picked = [part * h * d + i * d + j for part in range(3) for i in range(mine.start, mine.stop) for j in range(d)]
+        what = f"the rows of heads {_span(mine, h)} in each of q, k and v"
+        add("qkv.weight", lambda s: rows(s, picked), what)
+        add("qkv.bias", lambda s: rows(s, picked), what.replace("rows", "entries"))
+        row_part("proj", h * d)
+    return out
+
+
+def _construct(m, case, layers, group):
+    kind = case["kind"]
+    if kind == "column":
+        return m.ColumnParallelLinear(layers["fc"], gather_output=case["gather_output"], group=group)
+    if kind == "row":
+        return m.RowParallelLinear(layers["fc"], input_is_parallel=case["input_is_parallel"], group=group)
+    if kind == "mlp":
+        return m.ParallelMLP(layers["fc1"], layers["fc2"], group=group)
+    return m.ParallelSelfAttention(layers["qkv"], layers["proj"], case["heads"], group=group)
+
+
+def _tp_layer(target, case, tp_size=None):
+    """Runs on every rank: build the parallel layer from the full one, forward, backward, report."""
+    m = target.load()
+    if tp_size is None:
+        return _layer_step(m, case, None, dist.get_rank(), dist.get_world_size(), 0)
+    with contiguous_groups(tp_size) as (group, ranks, index):
+        return _layer_step(m, case, group, ranks.index(dist.get_rank()), tp_size, index)
+
+
+def _layer_step(m, case, group, r, n, index):
+    layers = full_layers(case, index)
+    x, grad = layer_inputs(case, index)
+    with harness.phase("construct"):
+        layer = _construct(m, case, layers, group)
+    x = x[..., _own(x.shape[-1], r, n)] if _sharded_input(case) else x
+    x = x.clone().requires_grad_()
+    with harness.phase("forward"):
+        y = layer(x)
+    grad = grad[..., _own(grad.shape[-1], r, n)] if _sharded_output(case) else grad
+    out = {"y": y.detach().clone(), "x_grad": None}
+    if tuple(y.shape) == tuple(grad.shape):
+        with harness.phase("backward"):
+            y.backward(grad)
+        out["x_grad"] = x.grad
+    out["held"] = held_tensors(layer)
+    return out
+
+
+def _run_layers(target, case):
+    return harness.run(_tp_layer, case["n"], target, case)
+
+
+def _describe(case) -> str:
+    kind = case["kind"]
+    if kind == "column":
+        return f"ColumnParallelLinear(Linear({case['d_in']}, {case['d_out']}), gather_output={case['gather_output']})"
+    if kind == "row":
+        return (f"RowParallelLinear(Linear({case['d_in']}, {case['d_out']}), "
+                f"input_is_parallel={case['input_is_parallel']})")
+    if kind == "mlp":
+        return f"ParallelMLP(Linear({case['d_in']}, {case['hidden']}), Linear({case['hidden']}, {case['d_out']}))"
+    return (f"ParallelSelfAttention(qkv=Linear({case['embed']}, {3 * case['heads'] * case['head_dim']}), "
+            f"proj=..., num_heads={case['heads']})")
+
+
+def check_outputs_and_input_grads(case, values, index_of=lambda r: (0, r, None)):
+    """Every rank's output and input gradient equal the full layers' (or this rank's slice of them)."""
+    tol = TOLERANCE[case["dtype"]]
+    expected = {}
+    for rank, out in enumerate(values):
+        index, r, n = index_of(rank)
+        n = n or case["n"]
+        want = expected.setdefault(index, expected_layer(case, index))
+        y, x_grad = want["y"], want["x_grad"]
+        if _sharded_output(case):
+            y = y[..., _own(y.shape[-1], r, n)]
+        if _sharded_input(case):
+            x_grad = x_grad[..., _own(x_grad.shape[-1], r, n)]
+        layer = _describe(case)
+        harness.assert_close(out["y"], y, f"{layer}: output", rank=rank, **tol)
+        harness.assert_close(out["x_grad"], x_grad, f"{layer}: gradient of its input", rank=rank, **tol)
+
+
+@given(tp_cases(("column",)))
+def test_column_parallel_linear(target, case):
+    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+
+
+@given(tp_cases(("row",)))
+def test_row_parallel_linear(target, case):
+    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+
+
+@given(tp_cases(("mlp",)))
+def test_parallel_mlp(target, case):
+    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+
+
+@given(tp_cases(("attention",)))
+def test_parallel_self_attention(target, case):
+    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+
+
+@hs.fewer_examples(0.6)
+@given(tp_cases())
+def test_weight_grads_are_slices_of_full_grads(target, case):
+    values = _run_layers(target, case).values
+    want = expected_layer(case)
+    for r, out in enumerate(values):
+        check_shard_grads(want["tensors"], out["held"], want["grads"], shards(case, r, case["n"]), rank=r,
+                          **TOLERANCE[case["dtype"]])
+
+
+@hs.fewer_examples(0.6)
+@given(tp_cases())
+def test_parameters_are_shards(target, case):
+    values = _run_layers(target, case).values
+    tensors = full_tensors(full_layers(case))
+    for r, out in enumerate(values):
+        check_holds_exactly(tensors, out["held"], shards(case, r, case["n"]), rank=r)
+        check_own_storage(out["held"], rank=r)
+
+
+def _elements(shape) -> int:
+    return math.prod(shape)
+
+
+@given(tp_cases())
+def test_communication_per_layer(target, case):
+    _, trace = _run_layers(target, case)
+    n, kind, size = case["n"], case["kind"], torch.finfo(case["dtype"]).bits // 8
+    forward, backward = ["all_reduce"], ["all_reduce"]   # ParallelMLP, ParallelSelfAttention: g, then f
+    if kind == "column":
+        forward = ["all_gather"] if case["gather_output"] else []
+    elif kind == "row":
+        backward = [] if case["input_is_parallel"] else ["all_gather"]
+    what = _describe(case)
+    out_bytes, in_bytes = _elements(_output_shape(case)) * size, _elements(_input_shape(case)) * size
+    for r in range(n):
+        _check_ops(trace, r, "forward", forward, n, what)
+        _check_ops(trace, r, "backward", backward, n, what)
+        for phase, full_bytes in (("forward", out_bytes), ("backward", in_bytes)):
+            for op in trace.ops(r, "all_reduce", phase=phase):
+                harness.check(op.in_bytes == full_bytes,
+                              f"{what}: the {phase} all_reduce carried {op.in_bytes} bytes; the full "
+                              f"{'output' if phase == 'forward' else 'input gradient'} is {full_bytes} bytes "
+                              f"({op.site})", rank=r)
+
+
+# ---- errors and process groups -------------------------------------------------------------------
+
+@st.composite
+def indivisible_cases(draw):
+    n = draw(hs.world_sizes(min_size=2))
+    bad = n * draw(st.integers(0, 2)) + draw(st.integers(1, n - 1))
+    case = draw(tp_cases(n=n))
+    key = {"column": "d_out", "row": "d_in", "mlp": "hidden", "attention": "heads"}[case["kind"]]
+    case[key] = bad
+    return case, bad
+
+
+def _construct_only(target, case):
+    """Runs on every rank: only the constructor; reports what it raised, as plain data."""
+    try:
+        _construct(target.load(), case, full_layers(case), None)
+    except ValueError as e:
+        return "ValueError", str(e)
+    return None, None
+
+
+@given(indivisible_cases())
+def test_indivisible_sizes_raise_value_error(target, drawn):
+    case, bad = drawn
+    n = case["n"]
+    values = harness.run(_construct_only, n, target, case).values
+    name = {"column": "out_features", "row": "in_features", "mlp": "fc1.out_features",
+            "attention": "num_heads"}[case["kind"]]
+    for r, (kind, message) in enumerate(values):
+        call = f"{_describe(case)} on {n} ranks ({name}={bad} is not divisible by {n})"
+        harness.check(kind is not None, f"{call} did not raise ValueError", rank=r)
+        harness.check(str(bad) in message and str(n) in message,
+                      f"{call} raised ValueError({message!r}); the message must name the size {bad} and the "
+                      f"tensor-parallel size {n}", rank=r)
+
+
+@st.composite
+def subgroup_cases(draw):
+    world, tp = draw(st.sampled_from([(2, 1), (3, 1), (4, 1), (4, 2)]))
+    return world, tp, draw(tp_cases(n=tp))
+
+
+@hs.fewer_examples(0.4)
+@given(subgroup_cases())
+def test_layers_respect_the_group_argument(target, drawn):
+    world, tp, case = drawn
+    values, trace = harness.run(_tp_layer, world, target, case, tp)
+    layout = group_layout(world, tp)
+    where = {rank: (i, ranks.index(rank), tp) for i, ranks in enumerate(layout) for rank in ranks}
+    for rank in range(world):
+        mine = tuple(layout[where[rank][0]])
+        for op in trace.ops(rank):
+            harness.check(op.group == mine,
+                          f"{_describe(case)} with group={list(mine)} (world of {world}): {op.describe()} ran on "
+                          f"ranks {list(op.group)}; every op must run on the group passed in", rank=rank)
+    check_outputs_and_input_grads(case, values, index_of=lambda rank: where[rank])

@@ -1,0 +1,21 @@
+"""Slices the fused qkv weight into N contiguous row blocks, mixing q, k and v heads across ranks."""
+import torch
+import torch.distributed as dist
+
+from harness import reference_of
+
+ref = reference_of(__file__)
+copy_to_tp, reduce_from_tp, gather_from_tp = ref.copy_to_tp, ref.reduce_from_tp, ref.gather_from_tp
+ColumnParallelLinear, RowParallelLinear, ParallelMLP = (ref.ColumnParallelLinear, ref.RowParallelLinear,
+                                                       ref.ParallelMLP)
+REJECTED_BY = "test_parallel_self_attention"
+
+
+class ParallelSelfAttention(ref.ParallelSelfAttention):
+    def __init__(self, qkv, proj, num_heads, group=None):
+        super().__init__(qkv, proj, num_heads, group)
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        k = qkv.out_features // n
+        naive = torch.arange(r * k, (r + 1) * k)
+        self.qkv_weight = ref._shard(qkv.weight, naive, 0)
+        self.qkv_bias = ref._shard(qkv.bias, naive, 0)
