@@ -93,13 +93,19 @@ class Policy:
     def __init__(self, forbid=(), allow=None):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
+        self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):
         refused = kind in self.forbid or (self.allow is not None and kind not in self.allow)
         if refused:
             allowed = sorted(self.allow) if self.allow is not None else None
             hint = f" Allowed here: {', '.join(allowed)}." if allowed else ""
-            raise ForbiddenOp(f"{kind} is not allowed in this problem (called at {site}).{hint}")
+            self.refuse(f"{kind} is not allowed in this problem (called at {site}).{hint}")
+
+    def refuse(self, message: str):
+        if self.refused is None:
+            self.refused = message
+        raise ForbiddenOp(message)
 
 
 class Recorder:
@@ -166,6 +172,7 @@ class Recorder:
             "site": site, "issued_at": self.now(),
             "wait_start": None, "wait_end": None, "blocking": None,
             "_frame": (id(frame), frame.f_lasti) if frame is not None else None,
+            "_pg": _group_name(pg),
         }
         self.ops.append(op)
         self.flight(ev="issue", i=op["index"], kind=kind, peer=peer, shapes=op["shapes"],
@@ -202,6 +209,7 @@ class Recorder:
         for op in self.ops:
             op = dict(op)
             op.pop("_frame", None)
+            op.pop("_pg", None)
             ops.append(op)
         return ops, [dict(p) for p in self.phases]
 
@@ -210,14 +218,14 @@ class Recorder:
         traced = {}
         for op in self.ops:
             if op["name"] != "monitored_barrier":
-                traced[op["group"]] = traced.get(op["group"], 0) + 1
-        for group, (pg, before) in _sequence_numbers().items():
-            start = self.seq_start.get(group, (None, 0))[1]
+                traced[op["_pg"]] = traced.get(op["_pg"], 0) + 1
+        for name, (group, before) in _sequence_numbers().items():
+            start = self.seq_start.get(name, (None, 0))[1]
             ran = before - start
-            if ran != traced.get(group, 0):
+            if ran != traced.get(name, 0):
                 raise TraceTampered(
                     f"group {list(group)} ran {ran} communication ops but the harness traced "
-                    f"{traced.get(group, 0)}: something bypassed the tracer (functional collectives, "
+                    f"{traced.get(name, 0)}: something bypassed the tracer (functional collectives, "
                     "torch.inference_mode tensors, or a replaced c10d kernel are not allowed)")
 
 
@@ -231,15 +239,24 @@ def _group_ranks(pg_script_object) -> list:
         return list(range(dist.get_world_size()))
 
 
+def _group_name(pg_script_object) -> str | None:
+    """The unique name of the group an op ran on (two groups may hold the same ranks)."""
+    try:
+        if pg_script_object is None:
+            return dist.group.WORLD.group_name
+        return _C10D.ProcessGroup.unbox(pg_script_object).group_name
+    except Exception:
+        return None
+
+
 def _sequence_numbers() -> dict:
-    """group ranks -> (pg, gloo's count of ops run on it so far)."""
+    """group name -> (its global ranks, gloo's count of ops run on it so far)."""
     if not dist.is_initialized():
         return {}
     out = {}
     for pg in list(dist.distributed_c10d._world.pg_map):
         try:
-            ranks = tuple(dist.get_process_group_ranks(pg))
-            out[ranks] = (pg, pg._get_sequence_number_for_group())
+            out[pg.group_name] = (tuple(dist.get_process_group_ranks(pg)), pg._get_sequence_number_for_group())
         except Exception:
             continue
     return out
@@ -323,9 +340,11 @@ def _backend_classes():
 def _refuse_backend_call(name):
     def refuse(self, *args, **kwargs):
         site = _RECORDER.site()[1] if _RECORDER is not None else "?"
-        raise ForbiddenOp(
-            f"{name}() was called on a Backend object directly (at {site}); the harness cannot "
-            "trace that path. Use torch.distributed's functions (dist.all_reduce, dist.isend, ...).")
+        message = (f"{name}() was called on a Backend object directly (at {site}); the harness cannot "
+                   "trace that path. Use torch.distributed's functions (dist.all_reduce, dist.isend, ...).")
+        if _RECORDER is not None:
+            _RECORDER.policy.refuse(message)
+        raise ForbiddenOp(message)
     return refuse
 
 
@@ -340,8 +359,8 @@ def integrity_snapshot():
     pieces = [(Recorder, n) for n in vars(Recorder) if callable(vars(Recorder)[n]) and not n.startswith("__")]
     pieces += [(Policy, "check"), (_C10D.Work, "wait"), (_C10D.ProcessGroup, "monitored_barrier")]
     module = sys.modules[__name__]
-    pieces += [(module, n) for n in ("_traced_kernel", "_user_frame", "_group_ranks", "_sequence_numbers",
-                                     "phase", "_RECORDER", "_tensors", "_short_path")]
+    pieces += [(module, n) for n in ("_traced_kernel", "_user_frame", "_group_ranks", "_group_name",
+                                     "_sequence_numbers", "phase", "_RECORDER", "_tensors", "_short_path")]
     pieces += [(cls, n) for cls in _backend_classes() for n in _BACKEND_METHODS if n in vars(cls)]
     snapshot = [(owner, name, getattr(owner, name), getattr(getattr(owner, name), "__code__", None))
                 for owner, name in pieces]
