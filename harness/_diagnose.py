@@ -58,6 +58,17 @@ def _pending(flight: list) -> dict | None:
     return stuck[-1] if stuck else (issued[max(issued)] if issued else None)
 
 
+def _in_wait(flight: list) -> bool:
+    """Whether the rank is inside a wait on an op that has not finished."""
+    waiting, done = set(), set()
+    for ev in flight:
+        if ev["ev"] == "wait":
+            waiting.add(ev["i"])
+        elif ev["ev"] == "done":
+            done.add(ev["i"])
+    return bool(waiting - done)
+
+
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -94,6 +105,11 @@ def diagnose_hang(flights: list, stuck: list, where: dict) -> str | None:
         if missing and present:
             r0 = min(present)
             ev = present[r0]
+            computing = [r for r in missing if r in stuck and not _in_wait(flights[r])]
+            if computing:
+                return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
+                        f"but rank {computing[0]} never got there: it is not inside a communication op, it is "
+                        f"still computing at {where.get(computing[0])} (an endless loop?)")
             return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
                     f"which rank{'s' if len(missing) > 1 else ''} {_names(missing)} never issued: "
                     "a collective skipped on some ranks (a rank-dependent if?)")
@@ -144,8 +160,10 @@ def hang_message(timeout: float, stuck: list, where: dict, flights: list, diagno
         lines.append(f"diagnosis: {diagnosis}")
     for r in sorted(where):
         last = [ev for ev in flights[r] if ev["ev"] == "issue"]
-        state = "still running" if r in stuck else "finished"
-        lines.append(f"  rank {r} ({state}) blocked at: {where[r] or '(no user frame)'}")
+        if r in stuck:
+            lines.append(f"  rank {r} is blocked at: {where[r] or '(no frame of your code on its stack)'}")
+        else:
+            lines.append(f"  rank {r} finished the call")
         if last:
             ev = last[-1]
             peer = f" peer {ev['peer']}" if ev.get("peer") is not None else ""

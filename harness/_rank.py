@@ -40,7 +40,7 @@ def _user_frames(tb) -> list:
     for fs in traceback.extract_tb(tb):
         if fs.filename.startswith(_LIBRARY_DIRS) or "site-packages" in fs.filename:
             continue
-        frames.append((fs.filename, fs.lineno, fs.name, (fs.line or "").strip()))
+        frames.append((_tracer._short_path(fs.filename), fs.lineno, fs.name, (fs.line or "").strip()))
     return frames
 
 
@@ -83,12 +83,16 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
             fn = functions[fn_key]
             recorder.reset(policy)
             value = fn(*args, **kwargs)
+            if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
+                raise ForbiddenOp(recorder.policy.refused)
             verify_tracer()
             recorder.check_untampered()
             ops, phases = recorder.export()
             reply = ("ok", value, ops, phases)
         except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
             ops, phases = recorder.export()
+            if recorder.policy.refused and not isinstance(exc, (ForbiddenOp, TraceTampered)):
+                exc = ForbiddenOp(recorder.policy.refused)  # the refusal is the root cause, however it surfaced
             kind = "forbidden" if isinstance(exc, ForbiddenOp) else \
                 "tampered" if isinstance(exc, TraceTampered) else "error"
             reply = (kind, (type(exc).__name__, str(exc), _user_frames(exc.__traceback__)), ops, phases)

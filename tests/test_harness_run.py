@@ -1,0 +1,161 @@
+"""harness.run: return values, exceptions in plain words, world sizes, the reused pool."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import harness
+from harness import runner
+from tests.harness_helpers import assert_fresh_world_works, pids, sum_of_ranks
+
+THIS_FILE = os.path.abspath(__file__)
+
+
+# ---- return values ------------------------------------------------------------------------------
+
+def describe_rank(scale, offset=0):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    return {"rank": rank, "world": n, "tensor": torch.arange(3) * scale + rank + offset,
+            "threads": torch.get_num_threads(), "backend": dist.get_backend()}
+
+
+def test_each_rank_returns_its_own_value_with_args_and_kwargs():
+    values, trace = harness.run(describe_rank, 3, 10, offset=100, timeout=30)
+    assert [v["rank"] for v in values] == [0, 1, 2]
+    assert all(v["world"] == 3 and v["threads"] == 1 and v["backend"] == "gloo" for v in values)
+    for r, v in enumerate(values):
+        assert torch.equal(v["tensor"], torch.arange(3) * 10 + r + 100)
+    assert trace.world_size == 3 and trace.ops() == []
+
+
+def test_run_result_has_named_fields():
+    result = harness.run(sum_of_ranks, 2, timeout=30)
+    assert isinstance(result, harness.RunResult)
+    assert result.values == [1.0, 1.0]
+    assert [op.kind for op in result.trace.ops(0)] == ["all_reduce"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_world_sizes(world_size):
+    values, trace = harness.run(sum_of_ranks, world_size, timeout=30)
+    assert values == [world_size * (world_size - 1) / 2] * world_size
+    assert all(op.group == tuple(range(world_size)) for op in trace.ops())
+    assert len(trace.ops(kind="all_reduce")) == world_size
+
+
+def test_world_size_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="world_size"):
+        harness.run(sum_of_ranks, 0)
+
+
+def test_auto_backend_is_gloo_without_enough_gpus():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs: auto picks NCCL (exercised only on a GPU machine)")
+    assert harness.pick_backend(2) == "gloo"
+    assert harness.pick_backend(2, "nccl") == "nccl"
+
+
+@settings(max_examples=10, database=None)
+@given(st.lists(st.integers(-1000, 1000), min_size=1, max_size=6))
+def test_hypothesis_draws_in_the_caller_and_ranks_evaluate(xs):
+    def scaled_sum(values):
+        t = torch.tensor(values, dtype=torch.int64) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        return t.tolist()
+    values, _ = harness.run(scaled_sum, 2, xs, timeout=30)
+    assert values == [[3 * x for x in xs]] * 2
+
+
+# ---- the pool -----------------------------------------------------------------------------------
+
+def test_the_same_rank_processes_serve_consecutive_calls():
+    first = pids(2)
+    for _ in range(3):
+        assert pids(2) == first
+    assert set(first) <= set(runner.live_rank_pids())
+    assert len(set(first)) == 2 and os.getpid() not in first
+
+
+def test_worlds_of_different_sizes_coexist():
+    two, three = pids(2), pids(3)
+    assert pids(2) == two and pids(3) == three and not set(two) & set(three)
+
+
+def test_calls_are_fast_once_warm():
+    pids(2)
+    start = time.perf_counter()
+    for _ in range(20):
+        harness.run(sum_of_ranks, 2, timeout=30)
+    assert (time.perf_counter() - start) / 20 < 0.25   # generous: ~2-5 ms here, the bench measures it
+
+
+# ---- exceptions ---------------------------------------------------------------------------------
+
+def _helper_that_raises(x):
+    raise ValueError(f"bad input {x}")
+
+
+def raise_on_rank_1():
+    if dist.get_rank() == 1:
+        _helper_that_raises(42)
+    t = torch.ones(1)
+    dist.all_reduce(t)   # rank 0 is left waiting here until the harness releases it
+    return t.item()
+
+
+def test_exception_names_rank_and_trims_traceback_to_code_under_test():
+    before = pids(2)
+    start = time.monotonic()
+    with pytest.raises(harness.RankError) as info:
+        harness.run(raise_on_rank_1, 2, timeout=5)
+    assert time.monotonic() - start < 3, "the waiting rank was not released promptly"
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError" and "bad input 42" in err.exc_message
+    assert [f[2] for f in err.frames] == ["raise_on_rank_1", "_helper_that_raises"]
+    assert all(os.path.abspath(f[0]) == THIS_FILE for f in err.frames), err.frames
+    text = str(err)
+    assert text.startswith("rank 1 raised ValueError: bad input 42")
+    assert "_helper_that_raises(42)" in text and "site-packages" not in text and "harness/" not in text
+    # rank 0 was stuck inside all_reduce: its world is replaced, and the next call works
+    assert_fresh_world_works(2, before)
+
+
+def raise_on_every_rank_after_balanced_ops():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    raise KeyError(f"rank {dist.get_rank()}")
+
+
+def test_lowest_rank_reported_when_all_raise():
+    with pytest.raises(harness.RankError) as info:
+        harness.run(raise_on_every_rank_after_balanced_ops, 3, timeout=5)
+    assert info.value.rank == 0 and info.value.exc_type == "KeyError"
+    assert harness.run(sum_of_ranks, 3, timeout=30).values == [3.0] * 3
+
+
+def stub():
+    raise NotImplementedError("fill me in")
+
+
+def test_not_implemented_names_the_stub_location():
+    with pytest.raises(harness.NotImplementedYet) as info:
+        harness.run(stub, 2, timeout=5)
+    line = stub.__code__.co_firstlineno + 1
+    file = os.path.relpath(THIS_FILE) if not os.path.relpath(THIS_FILE).startswith("..") else THIS_FILE
+    assert info.value.location == f"{file}:{line} (stub)"
+    assert str(info.value) == f"not implemented yet: {file}:{line} (stub)"
+    assert info.value.rank == 0   # a BaseException on purpose: hypothesis stops at once on a stub
+
+
+def return_a_generator():
+    return (i for i in range(3))
+
+
+def test_unsendable_return_value_is_an_error_not_a_hang():
+    with pytest.raises(harness.RankError, match="cannot be sent back"):
+        harness.run(return_a_generator, 2, timeout=5)
+    assert harness.run(sum_of_ranks, 2, timeout=30).values == [1.0, 1.0]
