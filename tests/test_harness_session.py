@@ -110,17 +110,22 @@ WRAPPER = textwrap.dedent('''
 GRACE_S = 5.0   # how long the session's processes may take to go after pytest exits
 
 
+def _run_and_find_leftovers(folder, *cmd) -> dict:
+    env = dict(os.environ, SAMPLE_SHARED=str(folder), SAMPLE_LIMIT="240", SAMPLE_GRACE=str(GRACE_S),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], cwd=folder, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def xdist_session(tmp_path_factory):
     folder = tmp_path_factory.mktemp("xdist")
     (folder / "test_sample.py").write_text(SAMPLE)
-    env = dict(os.environ, SAMPLE_SHARED=str(folder), SAMPLE_LIMIT="240", SAMPLE_GRACE=str(GRACE_S),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-c", WRAPPER, sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
-           "-p", "harness.pytest_plugin", "--rootdir", str(folder), str(folder / "test_sample.py")]
-    out = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = _run_and_find_leftovers(
+        folder, sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
+        "-p", "harness.pytest_plugin", "--rootdir", str(folder), str(folder / "test_sample.py"))
     return folder, report
 
 
@@ -135,6 +140,26 @@ def test_two_xdist_workers_run_worlds_at_once(xdist_session):
 def test_no_rank_process_is_left_alive_after_the_session(xdist_session):
     _, report = xdist_session
     assert report["left"] == [], f"still alive {GRACE_S:g} s after the session ended: {report['left']}"
+
+
+KILLED = """
+import os, signal
+import harness
+
+def pid():
+    return os.getpid()
+
+harness.run(pid, 2, timeout=60)
+harness.run(pid, 3, timeout=60)
+os.kill(os.getpid(), signal.SIGKILL)   # no atexit, no cleanup: a CI timeout or a second Ctrl-C
+"""
+
+
+def test_no_rank_process_outlives_a_killed_caller(tmp_path):
+    (tmp_path / "killed.py").write_text(KILLED)
+    report = _run_and_find_leftovers(tmp_path, sys.executable, str(tmp_path / "killed.py"))
+    assert report["rc"] == -9, report["stderr"]
+    assert report["left"] == [], f"still alive {GRACE_S:g} s after the caller was killed: {report['left']}"
 
 
 def test_bench_prints_its_summary_line():
