@@ -1,0 +1,226 @@
+"""Problem 111 properties.  Each test is one line of the statement's list.
+
+Learner code runs only on the ranks (``harness.run``); expected values and every
+assertion live here, in the test process.  What was sent, and to whom, comes from
+the harness's trace.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+from hypothesis import given, strategies as st
+
+import harness
+from harness import strategies as hs
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
+NAMES = ("ring_all_reduce", "ring_reduce_scatter", "ring_all_gather")
+
+
+def rank_input(shape, dtype, seed, rank):
+    """Rank ``rank``'s tensor, rebuilt from the seed in the test process as well as on the rank."""
+    gen = torch.Generator().manual_seed(seed * 8 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    return torch.randint(-10**6, 10**6, shape, generator=gen, dtype=dtype)
+
+
+def expected_sum(shape, dtype, seed, ranks):
+    """The single-process SUM of the given ranks' inputs, and the tolerance a ring may need."""
+    inputs = [rank_input(shape, dtype, seed, r) for r in ranks]
+    if not dtype.is_floating_point:
+        return torch.stack(inputs).sum(0), {"exact": True}
+    wide = torch.stack([x.double() for x in inputs])
+    # each of the N-1 additions rounds by at most eps times the magnitude of the partial sum
+    worst = float(wide.abs().sum(0).max()) if wide[0].numel() else 0.0
+    return wide.sum(0).to(dtype), {"atol": len(ranks) * torch.finfo(dtype).eps * worst, "rtol": 0.0}
+
+
+def _describe(case, what="tensor"):
+    shape = tuple(case["shape"])
+    return f"a {what} of shape {shape} ({math.prod(shape)} elements, {case['dtype']}) on {case['world_size']} ranks"
+
+
+@st.composite
+def cases(draw, dtypes=DTYPES, min_world=1):
+    world = draw(hs.world_sizes(min_world))
+    numel = draw(hs.numels(world))
+    return dict(world_size=world, shape=draw(hs.shapes(numel)), dtype=draw(st.sampled_from(dtypes)),
+                seed=draw(hs.seeds()))
+
+
+@st.composite
+def gather_cases(draw):
+    """All-gather chunks: the same shape on every rank, with at least one dimension."""
+    case = draw(cases())
+    case["shape"] = draw(hs.shapes(draw(st.integers(0, 24))).filter(len))
+    return case
+
+
+def _invoke(target, name, shape, dtype, seed, group=None):
+    """On a rank: call one of the learner's functions on this rank's input, inside a phase named after it."""
+    x = rank_input(shape, dtype, seed, dist.get_rank())
+    kept = x.clone()
+    with harness.phase(name):
+        out = getattr(target.load(), name)(x, group)
+    return {"input": kept, "after": x, "out": out, "same_object": out is x}
+
+
+def _call(target, name, shape, dtype, seed):
+    """Runs on every rank: one function over all ranks."""
+    return _invoke(target, name, shape, dtype, seed)
+
+
+def _run(target, name, case):
+    return harness.run(_call, case["world_size"], target, name, case["shape"], case["dtype"], case["seed"])
+
+
+def _call_all(target, shape, dtype, seed, chunk_shape, group_ranks=None):
+    """Runs on every rank: all three functions, each in its own phase; with ``group_ranks``, on that sub-group."""
+    group = dist.new_group(group_ranks) if group_ranks is not None else None
+    if group_ranks is not None and dist.get_rank() not in group_ranks:
+        return None
+    return [_invoke(target, name, chunk_shape if name == "ring_all_gather" else shape, dtype, seed, group)
+            for name in NAMES]
+
+
+# ---- values ------------------------------------------------------------------------------------
+
+@given(cases())
+def test_all_reduce_sums(target, case):
+    values, _ = _run(target, "ring_all_reduce", case)
+    expected, tolerance = expected_sum(case["shape"], case["dtype"], case["seed"], range(case["world_size"]))
+    for rank, out in enumerate(values):
+        harness.assert_close(out["out"], expected, f"ring_all_reduce of {_describe(case)}: the returned tensor",
+                             rank=rank, **tolerance)
+        harness.check(out["same_object"], "ring_all_reduce returned a new tensor: it must SUM in place and "
+                      "return the tensor it was given", rank=rank)
+        harness.assert_close(out["after"], expected, f"ring_all_reduce of {_describe(case)}: the input tensor "
+                             "afterwards (the SUM happens in place)", rank=rank, **tolerance)
+
+
+@given(cases(dtypes=(torch.float32, torch.bfloat16, torch.float64)))
+def test_all_reduce_identical_on_every_rank(target, case):
+    values, _ = _run(target, "ring_all_reduce", case)
+    first = values[0]["out"]
+    for rank in range(1, case["world_size"]):
+        out = values[rank]["out"]
+        what = f"ring_all_reduce of {_describe(case)}: the result compared bit for bit with rank 0's"
+        harness.assert_close(out, first, what, rank=rank, atol=float("inf"))  # same shape and dtype
+        differ = (out != first).flatten().nonzero().flatten().tolist()
+        if differ:
+            i = differ[0]
+            harness.check(False, f"{what}: {len(differ)} of {out.numel()} values differ in their bits; first at "
+                          f"flat index {i}: {out.flatten()[i].item()!r} here, {first.flatten()[i].item()!r} on rank 0. "
+                          "Each chunk must be summed once, in one order, by the ranks along its path, then only "
+                          "copied", rank=rank)
+
+
+@given(cases())
+def test_reduce_scatter_returns_own_chunk(target, case):
+    values, _ = _run(target, "ring_reduce_scatter", case)
+    total, tolerance = expected_sum(case["shape"], case["dtype"], case["seed"], range(case["world_size"]))
+    chunks = total.flatten().tensor_split(case["world_size"])
+    for rank, out in enumerate(values):
+        harness.assert_close(out["out"], chunks[rank],
+                             f"ring_reduce_scatter of {_describe(case)}: the result should be chunk {rank} of "
+                             "tensor.flatten().tensor_split(N) of the SUM", rank=rank, **tolerance)
+        harness.assert_close(out["after"], out["input"], f"ring_reduce_scatter of {_describe(case)}: the input "
+                             "tensor afterwards (it must be left unchanged)", rank=rank, exact=True)
+
+
+@given(gather_cases())
+def test_all_gather_concatenates_in_rank_order(target, case):
+    values, _ = _run(target, "ring_all_gather", case)
+    expected = torch.cat([rank_input(case["shape"], case["dtype"], case["seed"], r)
+                          for r in range(case["world_size"])])
+    for rank, out in enumerate(values):
+        harness.assert_close(out["out"], expected, f"ring_all_gather of {_describe(case, 'chunk')}: the result "
+                             "should be torch.cat of every rank's chunk along dim 0, in rank order",
+                             rank=rank, exact=True)
+        harness.assert_close(out["after"], out["input"], f"ring_all_gather of {_describe(case, 'chunk')}: the "
+                             "chunk afterwards (it must be left unchanged)", rank=rank, exact=True)
+
+
+# ---- communication, from the trace -------------------------------------------------------------
+
+def _run_all(target, case, chunk_shape):
+    return harness.run(_call_all, case["world_size"], target, case["shape"], case["dtype"], case["seed"], chunk_shape)
+
+
+def check_ring_peers(trace, ring):
+    """Every send goes to the next rank of ``ring`` (global ranks, in ring order), every recv comes from the previous."""
+    for i, rank in enumerate(ring):
+        right, left = ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
+        for op in trace.ops(rank):
+            sends = op.kind == "send"
+            want = right if sends else left
+            harness.check(op.peer == want,
+                          f"{op.phase}: rank {rank} {'sent to' if sends else 'received from'} rank {op.peer} "
+                          f"(at {op.site}); in the ring {list(ring)} rank {rank} "
+                          f"{'sends only to its right' if sends else 'receives only from its left'} neighbour, "
+                          f"rank {want}", rank=rank)
+
+
+@given(cases(), st.integers(1, 8))
+def test_ring_neighbours_only(target, case, chunk_rows):
+    _, trace = _run_all(target, case, (chunk_rows,))
+    check_ring_peers(trace, list(range(case["world_size"])))
+
+
+@given(cases(), st.integers(0, 8))
+def test_bytes_within_ring_bound(target, case, chunk_rows):
+    _, trace = _run_all(target, case, (chunk_rows, 2))
+    n, numel, elem = case["world_size"], math.prod(case["shape"]), case["dtype"].itemsize
+    per_step = math.ceil(numel / n) * elem
+    bounds = {
+        "ring_all_reduce": (2 * (n - 1) * per_step, "2(N-1) steps x ceil(numel/N) x elem_size"),
+        "ring_reduce_scatter": ((n - 1) * per_step, "(N-1) steps x ceil(numel/N) x elem_size"),
+        "ring_all_gather": ((n - 1) * chunk_rows * 2 * elem, "(N-1) steps x one chunk's bytes"),
+    }
+    for rank in range(n):
+        for name, (bound, formula) in bounds.items():
+            ops = trace.ops(rank, phase=name)
+            if n == 1:
+                harness.check(not ops, f"{name} on a single rank issued {len(ops)} ops ({ops[0].describe() if ops else ''})"
+                              ": with one rank there is nobody to talk to, so it must send nothing", rank=rank)
+            sent = sum(op.in_bytes for op in ops if op.kind == "send")
+            what = _describe(case) if name != "ring_all_gather" else f"a chunk of shape ({chunk_rows}, 2)"
+            harness.check(sent <= bound,
+                          f"{name} of {what}: rank {rank} sent {sent} bytes, more than a ring needs: "
+                          f"{formula} = {bound} bytes. Each step passes one chunk to the right neighbour, "
+                          "never the whole tensor", rank=rank)
+
+
+# ---- groups ------------------------------------------------------------------------------------
+
+@st.composite
+def group_cases(draw):
+    case = draw(cases(min_world=2))
+    case["members"] = sorted(draw(st.sets(st.integers(0, case["world_size"] - 1), min_size=1)))
+    return case
+
+
+@hs.fewer_examples(0.3)
+@given(group_cases(), st.integers(1, 4))
+def test_sub_group(target, case, chunk_rows):
+    members = case["members"]
+    values, trace = harness.run(_call_all, case["world_size"], target, case["shape"], case["dtype"], case["seed"],
+                                (chunk_rows,), group_ranks=members)
+    total, tolerance = expected_sum(case["shape"], case["dtype"], case["seed"], members)
+    gathered = torch.cat([rank_input((chunk_rows,), case["dtype"], case["seed"], r) for r in members])
+    for i, rank in enumerate(members):
+        expected = {"ring_all_reduce": (total, tolerance),
+                    "ring_reduce_scatter": (total.flatten().tensor_split(len(members))[i], tolerance),
+                    "ring_all_gather": (gathered, {"exact": True})}
+        for name, out in zip(NAMES, values[rank]):
+            want, tol = expected[name]
+            harness.assert_close(out["out"], want,
+                                 f"{name}(x, group) with group = dist.new_group({members}) on {case['world_size']} "
+                                 f"ranks: the result on group member {i} (inside a group use dist.get_rank(group), "
+                                 "dist.get_world_size(group), and dist.get_global_rank(group, i) for peers)",
+                                 rank=rank, **tol)
+    for rank in range(case["world_size"]):
+        harness.check(rank in members or not trace.ops(rank),
+                      f"rank {rank} is outside the group {members} but communicated", rank=rank)
+    check_ring_peers(trace, members)

@@ -1,0 +1,23 @@
+"""The all-reduce walks the ring backwards: rank r sends to (r-1)%N and receives from (r+1)%N."""
+from harness import reference_of
+
+ref = reference_of(__file__)
+ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
+REJECTED_BY = "test_ring_neighbours_only"
+
+
+class _BackwardsRing(ref._Ring):
+    def __init__(self, group=None):
+        super().__init__(group)
+        self.rank = (-self.rank) % self.n   # its place when the ring is read the other way round
+        self.right, self.left = self.left, self.right
+
+
+def ring_all_reduce(tensor, group=None):
+    ring = _BackwardsRing(group)
+    flat = tensor.flatten().clone()
+    chunks = list(flat.tensor_split(ring.n))
+    ref._reduce_scatter_phase(chunks, ring)
+    ref._all_gather_phase(chunks, ring)
+    tensor.copy_(flat.view_as(tensor))
+    return tensor
