@@ -8,7 +8,6 @@ Measured on the ranks: the params, the gradients still held after step(), the ma
 the optimizer state (from the state tensors), and the bytes each collective carried (from the
 harness's trace).  Padding makes the measured shard S = ceil(Phi/N), a little above Phi/N.
 """
-import argparse
 import os
 import sys
 
@@ -18,8 +17,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import harness  # noqa: E402
-from harness import catalogue  # noqa: E402
 from harness.flat_shards import optimizer_state, reachable_optimizers, ring_wire_bytes  # noqa: E402
+from harness.target_cli import target_from_command_line  # noqa: E402
 from harness.models import mse, random_mlp  # noqa: E402
 
 WIDTHS = [64, 96, 96, 10]
@@ -44,13 +43,7 @@ def _measure(target, stage):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--solution", action="store_true", help="measure the reference instead")
-    parser.add_argument("--target", help="measure this file")
-    args = parser.parse_args()
-    problem = catalogue.load()[115]
-    path = args.target or (problem.solution_file() if args.solution else problem.practice_file())
-    target = harness.Target(path, problem.names).validate()
+    target = target_from_command_line(115, __doc__.split("\n")[0])
     phi = sum(p.numel() for p in random_mlp(WIDTHS, 0).parameters())
     print(f"Phi = {phi} parameters; bytes per rank (measured / formula)\n")
     print(f"{'stage':>5} {'N':>2} | {'params':>15} {'grads':>15} {'optimizer':>15} {'total':>15} | "
@@ -76,4 +69,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (harness.HarnessError, harness.NotImplementedYet) as e:   # say it plainly, without a traceback
+        sys.exit(f"{type(e).__name__}: {e}")

@@ -1,0 +1,275 @@
+"""Problem 116 properties.  Each test is one line of the statement's list.
+
+Learner code runs only on the ranks (``harness.run``); expected values and every
+assertion live here, in the test process.  What was communicated comes from the
+harness's trace; who holds full parameters is observed by hooks the test installs.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+from hypothesis import given, strategies as st
+
+import harness
+from harness import strategies as hs
+from harness.flat_shards import owned_slice, ring_wire_bytes, shard_size, unflatten
+from harness.models import mse, random_batches, random_mlp, shard, train_reference
+
+
+@st.composite
+def fsdp_cases(draw, min_world=1):
+    return dict(world_size=draw(hs.world_sizes(min_world)), widths=draw(hs.mlp_widths(max_layers=3)),
+                local_batch=draw(st.integers(1, 3)), steps=draw(st.integers(1, 3)),
+                optimizer=draw(hs.optimizers()), seed=draw(hs.seeds()))
+
+
+def _describe(case):
+    n = case["world_size"]
+    return f"widths={case['widths']}, {case['optimizer']}, {n} rank{'s' if n > 1 else ''}"
+
+
+def _layout(model):
+    """Per child with parameters: (child index, [(name, shape)], P) -- what the test knows about the units."""
+    out = []
+    for i, child in enumerate(model):
+        named = [(n, tuple(p.shape)) for n, p in child.named_parameters()]
+        if named:
+            out.append((i, named, sum(math.prod(s) for _, s in named)))
+    return out
+
+
+def _holders(units, layout, active=None):
+    """(unit, name, shape, bytes) for each unit other than ``active`` whose attribute holds a full parameter."""
+    found = []
+    for i, named, _ in layout:
+        if i == active:
+            continue
+        for name, shape in named:
+            t = getattr(units[i], name, None)
+            if isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.untyped_storage().nbytes() > 0:
+                found.append((i, type(units[i]).__name__, name, shape, t.untyped_storage().nbytes()))
+                break
+    return found
+
+
+def _watch(units, layout, seen):
+    """Hooks that record, at every forward/backward boundary of every unit, which OTHER units hold full params."""
+    def note(event, unit=None):
+        for holder in _holders(units, layout, active=unit):
+            if len(seen) < 5:
+                seen.append((event, holder))
+
+    for i, unit in enumerate(units):
+        label = f"unit {i} ({type(unit).__name__})"
+        unit.register_forward_pre_hook(lambda m, a, i=i, s=label: note(f"just before {s} runs forward", i))
+        unit.register_forward_hook(lambda m, a, o, i=i, s=label: note(f"just after {s}'s forward", i))
+        unit.register_full_backward_pre_hook(lambda m, g, i=i, s=label: note(f"as {s}'s backward begins", i))
+        unit.register_full_backward_hook(lambda m, gi, go, i=i, s=label: note(f"as {s}'s backward ends", i))
+    return note
+
+
+def _train(target, widths, local_batch, steps, optimizer, seed, watch=False, full_state=False):
+    """Runs on every rank: wrap the same model on every rank, train on local batches, report the shards."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = random_mlp(widths, seed)
+    units, layout = list(model), _layout(model)
+    with harness.phase("construct"):
+        fsdp = target.load().FullyShardedModel(model)
+    out = {"initial": [p.detach().clone() for p in fsdp.parameters()], "history": [], "held": []}
+    note = _watch(units, layout, out["held"]) if watch else (lambda event, unit=None: None)
+    note("after construction")
+    opt = optimizer.build(fsdp.parameters())
+    for step, (x, y) in enumerate(random_batches(steps, local_batch * world, widths[0], widths[-1], seed + 1)):
+        opt.zero_grad(set_to_none=True)
+        with harness.phase("forward", step=step):
+            prediction = fsdp(shard(x, rank, world))
+        note(f"step {step}: after the forward returned")
+        loss = mse(prediction, shard(y, rank, world))
+        with harness.phase("backward", step=step):
+            loss.backward()
+        note(f"step {step}: after loss.backward() returned")
+        opt.step()
+        out["history"].append([p.detach().clone() for p in fsdp.parameters()])
+    if full_state:
+        with harness.phase("full_state_dict"):
+            out["state"] = fsdp.full_state_dict()
+        note("after full_state_dict()")
+    return out
+
+
+def _run(target, case, **extra):
+    args = {k: v for k, v in case.items() if k != "world_size"}
+    return harness.run(_train, case["world_size"], target, **args, **extra)
+
+
+def _check_shard_shapes(params, layout, n, rank):
+    """parameters() must be exactly one flat shard of S_u = ceil(P_u / N) elements per unit with parameters."""
+    want = [(shard_size(numel, n),) for _, _, numel in layout]
+    got = [tuple(p.shape) for p in params]
+    units = ", ".join(f"unit {i}: P={numel}" for i, _, numel in layout)
+    harness.check(got == want,
+                  f"parameters() are shaped {got}; it must expose exactly one flat shard per unit with parameters, "
+                  f"of S = ceil(P/N) elements each: {want} ({units}, N={n})", rank=rank)
+
+
+def _assemble(values, layout, n, step=None):
+    """The full parameters, unit by unit, from every rank's shards (rank r's shard is elements [r*S, (r+1)*S))."""
+    full = []
+    for u, (_, named, numel) in enumerate(layout):
+        shards = [out["initial"][u] if step is None else out["history"][step][u] for out in values]
+        full.extend(unflatten(torch.cat(shards), [s for _, s in named]))
+    return full
+
+
+# ---- numerics -----------------------------------------------------------------------------------
+
+@hs.fewer_examples(0.5)
+@given(fsdp_cases())
+def test_matches_single_process_training(target, case):
+    values, _ = _run(target, case)
+    n = case["world_size"]
+    model = random_mlp(case["widths"], case["seed"])
+    layout = _layout(model)
+    names = [n for n, _ in model.named_parameters()]
+    expected = train_reference(model, random_batches(case["steps"], case["local_batch"] * n, case["widths"][0],
+                                                     case["widths"][-1], case["seed"] + 1), case["optimizer"])
+    for rank, out in enumerate(values):
+        for params in out["history"]:
+            _check_shard_shapes(params, layout, n, rank)
+    for step, want_params in enumerate(expected):
+        got_params = _assemble(values, layout, n, step)
+        for name, got, want in zip(names, got_params, want_params):
+            harness.assert_close(got, want, f"parameter {name}, reassembled from every rank's shard, after "
+                                 f"{case['optimizer']} on FullyShardedModel.parameters() ({_describe(case)})",
+                                 step=step, atol=1e-9, rtol=1e-7)
+
+
+@hs.fewer_examples(0.5)
+@given(fsdp_cases())
+def test_full_state_dict_matches_reference(target, case):
+    values, _ = _run(target, case, full_state=True)
+    n = case["world_size"]
+    model = random_mlp(case["widths"], case["seed"])
+    train_reference(model, random_batches(case["steps"], case["local_batch"] * n, case["widths"][0],
+                                          case["widths"][-1], case["seed"] + 1), case["optimizer"])
+    want = model.state_dict()
+    for rank, out in enumerate(values):
+        got = out["state"]
+        harness.check(isinstance(got, dict) and list(got) == list(want),
+                      f"full_state_dict() has keys {list(got) if isinstance(got, dict) else type(got).__name__}; "
+                      f"it must have module.state_dict()'s keys, in order: {list(want)}", rank=rank)
+        for key, value in want.items():
+            harness.assert_close(got[key], value, f"full_state_dict()[{key!r}] after {case['steps']} step(s) "
+                                 f"({_describe(case)})", rank=rank, atol=1e-9, rtol=1e-7)
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+@hs.fewer_examples(0.5)
+@given(fsdp_cases())
+def test_parameters_are_flat_padded_shards(target, case):
+    values, _ = _run(target, dict(case, steps=1))
+    n = case["world_size"]
+    model = random_mlp(case["widths"], case["seed"])
+    layout = _layout(model)
+    children = list(model)
+    for rank, out in enumerate(values):
+        _check_shard_shapes(out["initial"], layout, n, rank)
+        for (i, named, numel), got in zip(layout, out["initial"]):
+            want = owned_slice(list(children[i].parameters()), n, rank)
+            s = want.numel()
+            harness.assert_close(got.detach(), want,
+                                 f"unit {i}'s shard right after construction: elements [{rank * s}, {(rank + 1) * s}) "
+                                 f"of its {numel} parameters {[name for name, _ in named]} flattened in order and "
+                                 f"zero-padded to N*S={n * s}", rank=rank, exact=True)
+
+
+@hs.fewer_examples(0.5)
+@given(fsdp_cases())
+def test_no_unit_holds_full_parameters_outside_its_own_pass(target, case):
+    values, _ = _run(target, case, watch=True, full_state=True)
+    for rank, out in enumerate(values):
+        for event, (unit, kind, name, shape, nbytes) in out["held"][:1]:
+            harness.check(False, f"{event}, unit {unit} ({kind}) holds its full parameter {name!r} of shape "
+                                 f"{shape} ({nbytes} bytes of storage): outside its own forward and backward a unit "
+                                 "keeps only its 1/N shard; free the full parameters right after each use "
+                                 f"({_describe(case)})", rank=rank)
+
+
+# ---- communication ------------------------------------------------------------------------------
+
+@hs.fewer_examples(0.5)
+@given(fsdp_cases(min_world=2))
+def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, case):
+    _, trace = _run(target, case)
+    n = case["world_size"]
+    layout = _layout(random_mlp(case["widths"], 0))
+    e = torch.empty(0, dtype=torch.float64).element_size()
+    shards = sorted(shard_size(numel, n) * e for _, _, numel in layout)
+    for rank in range(n):
+        for step in range(case["steps"]):
+            for phase, want in (("forward", {"all_gather": shards}),
+                                ("backward", {"all_gather": shards, "reduce_scatter": [n * b for b in shards]})):
+                ops = trace.ops(rank, phase=phase, step=step)
+                got = {kind: sorted(op.in_bytes for op in ops if op.kind == kind) for kind in {op.kind for op in ops}}
+                harness.check(got == want,
+                              f"the {phase} pass issued {[op.describe() for op in ops]}; per unit with parameters "
+                              f"it must issue {'one all_gather of its shard' if phase == 'forward' else 'one all_gather of its shard and one reduce_scatter of its padded gradient'} "
+                              f"and nothing else: all_gather inputs {want['all_gather']} bytes"
+                              + (f", reduce_scatter inputs {want['reduce_scatter']} bytes" if phase == "backward" else "")
+                              + f" ({_describe(case)})", rank=rank, step=step)
+            ops = trace.ops(rank, step=step)
+            wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in ops)
+            padded = n * sum(shards)
+            harness.check(math.isclose(wire, 3 * (n - 1) / n * padded),
+                          f"on a ring this step puts {wire:g} bytes on the wire; 2 all_gathers and 1 reduce_scatter "
+                          f"per unit make 3(N-1)/N x {padded} padded parameter bytes = "
+                          f"{3 * (n - 1) / n * padded:g}", rank=rank, step=step)
+
+
+# ---- a second oracle: torch's FSDP2 -------------------------------------------------------------
+
+def _fsdp2_train(widths, local_batch, steps, optimizer, seed):
+    """torch.distributed.fsdp.fully_shard on every unit with parameters, then on the root."""
+    from torch.distributed.fsdp import fully_shard
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = random_mlp(widths, seed)
+    for child in model:
+        if list(child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    opt = optimizer.build(model.parameters())
+    history = []
+    for step, (x, y) in enumerate(random_batches(steps, local_batch * world, widths[0], widths[-1], seed + 1)):
+        opt.zero_grad(set_to_none=True)
+        with harness.phase("forward", step=step):
+            prediction = model(shard(x, rank, world))
+        loss = mse(prediction, shard(y, rank, world))
+        with harness.phase("backward", step=step):
+            loss.backward()
+        opt.step()
+        # this rank's dim-0 chunk of each parameter (full_tensor() would use untraced functional collectives)
+        history.append([p.to_local().detach().clone() for p in model.parameters()])
+    return {"history": history}
+
+
+@hs.fewer_examples(0.2)
+@given(fsdp_cases(min_world=2))
+def test_matches_torch_fsdp2(target, case):
+    values, trace = _run(target, case)
+    oracle, oracle_trace = harness.run(_fsdp2_train, case["world_size"], case["widths"], case["local_batch"],
+                                       case["steps"], case["optimizer"], case["seed"])
+    model = random_mlp(case["widths"], 0)
+    layout, names = _layout(model), [n for n, _ in model.named_parameters()]
+    for step in range(case["steps"]):
+        got_params = _assemble(values, layout, case["world_size"], step)
+        fsdp2 = [torch.cat(chunks) for chunks in zip(*(out["history"][step] for out in oracle))]
+        for name, got, want in zip(names, got_params, fsdp2):
+            harness.assert_close(got, want, f"parameter {name} against torch's FSDP2 fully_shard ({_describe(case)})",
+                                 step=step, atol=1e-9, rtol=1e-7)
+        for phase in ("forward", "backward"):
+            for kind in ("all_gather", "reduce_scatter"):
+                got = len(trace.ops(0, kind, phase, step))
+                want = len(oracle_trace.ops(0, kind, phase, step))
+                harness.check(got == want, f"the {phase} pass issued {got} {kind}(s); torch's FSDP2 issues {want} "
+                                           f"for the same model ({_describe(case)})", step=step)
