@@ -23,6 +23,9 @@ from . import _tracer
 from .errors import ForbiddenOp, TraceTampered
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Process groups that calls created and never destroyed, before the world is replaced: each one
+# holds sockets and threads in every member (about 5 fds and 3 threads per call at N=2).
+_MAX_GROUPS = 32
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__), _HARNESS_DIR, os.path.dirname(os.__file__))
 
 
@@ -66,6 +69,7 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
                             timeout=timedelta(seconds=600))
     recorder = _tracer.install(rank, flight_fd)
     verify_tracer = _tracer.integrity_snapshot()  # taken before any learner code runs
+    world_group = dist.group.WORLD
     conn.send_bytes(b"ready")
     functions = {}
     while True:
@@ -96,6 +100,15 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
             kind = "forbidden" if isinstance(exc, ForbiddenOp) else \
                 "tampered" if isinstance(exc, TraceTampered) else "error"
             reply = (kind, (type(exc).__name__, str(exc), _user_frames(exc.__traceback__)), ops, phases)
+        if not dist.is_initialized() or dist.group.WORLD is not world_group:
+            # Tutorial-style cleanup (destroy_process_group) would break every later call on this
+            # world: fail this call in plain words, and the runner replaces the world.
+            cause = "" if reply[0] == "ok" else f" (it then raised {reply[1][0]}: {reply[1][1]})"
+            reply = ("broken", ("RuntimeError", "the code destroyed or replaced the default process group"
+                                f"{cause}; the harness creates it and owns it: do not call init_process_group "
+                                "or destroy_process_group in code run by harness.run", []), reply[2], reply[3], True)
+        elif len(dist.distributed_c10d._world.pg_map) > _MAX_GROUPS:
+            reply = (*reply[:4], True)   # calls left groups behind: retire this world rather than let them pile up
         try:
             data = _dumps((token, reply))
         except Exception as exc:  # an unpicklable return value

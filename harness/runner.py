@@ -155,13 +155,19 @@ class World:
         """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
         sizes = []
         for r, p in enumerate(self.procs):
-            try:
-                sizes.append(os.path.getsize(self.files[r]["stack"]))
-            except OSError:
-                sizes.append(0)
+            sizes.append(_size(self.files[r]["stack"]))
             if p.is_alive():
                 os.kill(p.pid, signal.SIGUSR1)
-        time.sleep(0.2)
+        # Wait until each live rank's dump has appeared and stopped growing: on a loaded machine a
+        # fixed short sleep can read a rank's dump before it is written, losing its blocking line.
+        alive = [r for r, p in enumerate(self.procs) if p.is_alive()]
+        last, deadline = {}, time.monotonic() + 1.5
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = {r: _size(self.files[r]["stack"]) for r in alive}
+            if all(now[r] > sizes[r] and now[r] == last.get(r) for r in alive):
+                break
+            last = now
         stacks = []
         for r in range(self.world_size):
             try:
@@ -213,6 +219,7 @@ class World:
         if pending and first_error_at is None:
             raise self._hang(timeout, sorted(pending.values()))
         errors = {r: rep for r, rep in replies.items() if rep[0] != "ok"}
+        retire = any(len(rep) > 4 and rep[4] for rep in replies.values())   # a rank asks for a fresh world
         if errors:
             dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
             if dead and all(_is_gloo_fallout(rep) for rep in errors.values()):
@@ -220,12 +227,15 @@ class World:
             error = _rank_error(errors, self.world_size)
             # Every rank returned and their ops pair up: nothing is left in flight, so the
             # world is reusable (a stub fails every example; rebuilding each time is slow).
-            error.world_reusable = not pending and _ops_balanced([rep[2] for _, rep in sorted(replies.items())])
+            error.world_reusable = (not pending and not retire
+                                    and _ops_balanced([rep[2] for _, rep in sorted(replies.items())]))
             if not error.world_reusable:
                 self.kill()
             raise error
         trace = Trace([[CommOp(**op) for op in replies[r][2]] for r in range(self.world_size)],
                       [[PhaseSpan(**p) for p in replies[r][3]] for r in range(self.world_size)])
+        if retire:
+            self.close()   # ``run`` builds a fresh world for the next call
         return RunResult([replies[r][1] for r in range(self.world_size)], trace)
 
     def _reply(self, rank: int, data: bytes, token: bytes):
@@ -295,6 +305,13 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(
             f"its reply contains {module}.{name}, which the test process refuses to unpickle: rank functions "
             "must return plain data (numbers, strings, lists, dicts, tuples, tensors)")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 _FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
@@ -380,7 +397,7 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     backend = pick_backend(world_size, backend)
     key = (world_size, backend)
     world = _WORLDS.get(key)
-    if world is None or not all(p.is_alive() for p in world.procs):
+    if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
         if world is not None:
             world.kill()
         world = _WORLDS[key] = World(world_size, backend)

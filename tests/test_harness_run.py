@@ -159,3 +159,33 @@ def test_unsendable_return_value_is_an_error_not_a_hang():
     with pytest.raises(harness.RankError, match="cannot be sent back"):
         harness.run(return_a_generator, 2, timeout=5)
     assert harness.run(sum_of_ranks, 2, timeout=30).values == [1.0, 1.0]
+
+
+# ---- state a call can leave behind --------------------------------------------------------------
+
+def tutorial_cleanup():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()   # what every mp.spawn tutorial ends with
+    return t.item()
+
+
+def test_destroying_the_default_group_fails_clearly_and_the_world_is_replaced():
+    before = pids(2)
+    with pytest.raises(harness.RankError, match="destroyed or replaced the default process group"):
+        harness.run(tutorial_cleanup, 2, timeout=10)
+    assert_fresh_world_works(2, before)
+
+
+def leave_a_group_behind():
+    group = dist.new_group([0, 1])
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    return t.item(), os.getpid(), len(os.listdir("/proc/self/fd"))
+
+
+def test_groups_left_behind_do_not_pile_up_in_a_pooled_world():
+    results = [harness.run(leave_a_group_behind, 2, timeout=30).values for _ in range(45)]
+    assert all(v == 2.0 for values in results for v, _, _ in values)
+    assert len({pid for values in results for _, pid, _ in values}) > 2, "the world was never replaced"
+    assert max(fds for values in results for _, _, fds in values) < 400   # each kept group holds ~5 fds per rank
