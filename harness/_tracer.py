@@ -28,6 +28,9 @@ import torch
 import torch.distributed as dist
 
 from .errors import ForbiddenOp, TraceTampered
+from .trace import COLLECTIVE_KINDS, P2P_KINDS
+
+_KNOWN_KINDS = frozenset(COLLECTIVE_KINDS + P2P_KINDS)
 
 _C10D = torch._C._distributed_c10d
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -93,6 +96,10 @@ class Policy:
     def __init__(self, forbid=(), allow=None):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
+        unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
+        if unknown:   # a typo ("allreduce") would otherwise forbid nothing, silently
+            raise ValueError(f"unknown op kind(s) {', '.join(map(repr, unknown))}; "
+                             f"the kinds are: {', '.join(sorted(_KNOWN_KINDS))}")
         self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):

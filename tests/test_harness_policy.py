@@ -167,3 +167,10 @@ def test_bypassing_the_tracer_is_caught(fn):
     with pytest.raises(harness.TraceTampered, match="ran 1 communication ops but the harness traced 0"):
         harness.run(fn, 2, timeout=10)
     assert_fresh_world_works(2, before)   # a tampered world is never reused
+
+
+def test_an_unknown_op_kind_in_a_policy_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="unknown op kind.*'allreduce'"):
+        harness.run(via_dist, 2, forbid={"allreduce"}, timeout=10)
+    with pytest.raises(ValueError, match="'isend'"):
+        harness.run(via_dist, 2, allow={"isend"}, timeout=10)
