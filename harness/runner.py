@@ -181,10 +181,16 @@ class World:
     def call(self, fn, args, kwargs, policy: Policy, timeout: float) -> RunResult:
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
-        fn_bytes = None if fn_key in self.sent_fns else cloudpickle.dumps(fn)
-        self.sent_fns.add(fn_key)
         token = os.urandom(16)  # a reply without it was not written by the rank loop
-        payload = _dumps((token, fn_key, fn_bytes, args, kwargs, policy))
+        try:
+            fn_bytes = None if fn_key in self.sent_fns else cloudpickle.dumps(fn)
+            payload = _dumps((token, fn_key, fn_bytes, args, kwargs, policy))
+        except Exception as e:
+            error = TypeError(f"harness.run cannot send {getattr(fn, '__qualname__', fn)} and its arguments "
+                              f"to the ranks: {type(e).__name__}: {e}")
+            error.world_reusable = True   # nothing was sent: the world is as it was
+            raise error from e
+        self.sent_fns.add(fn_key)
         for c in self.conns:
             c.send_bytes(payload)
         replies: dict[int, tuple] = {}

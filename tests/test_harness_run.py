@@ -189,3 +189,10 @@ def test_groups_left_behind_do_not_pile_up_in_a_pooled_world():
     assert all(v == 2.0 for values in results for v, _, _ in values)
     assert len({pid for values in results for _, pid, _ in values}) > 2, "the world was never replaced"
     assert max(fds for values in results for _, _, fds in values) < 400   # each kept group holds ~5 fds per rank
+
+
+def test_unpicklable_arguments_are_a_clear_error_in_the_caller():
+    before = pids(2)
+    with pytest.raises(TypeError, match="harness.run cannot send describe_rank and its arguments to the ranks"):
+        harness.run(describe_rank, 2, (i for i in range(3)), timeout=10)
+    assert pids(2) == before   # nothing was sent: the world is kept
