@@ -161,7 +161,7 @@ class World:
         # Wait until each live rank's dump has appeared and stopped growing: on a loaded machine a
         # fixed short sleep can read a rank's dump before it is written, losing its blocking line.
         alive = [r for r, p in enumerate(self.procs) if p.is_alive()]
-        last, deadline = {}, time.monotonic() + 1.5
+        last, deadline = {}, time.monotonic() + 1.0   # stays inside the timeout + 2 s promise
         while alive and time.monotonic() < deadline:
             time.sleep(0.02)
             now = {r: _size(self.files[r]["stack"]) for r in alive}
