@@ -186,6 +186,10 @@ def cmd_watch(problem, args) -> int:
     path, target_args = _target(problem, args)
     cmd = [sys.executable, os.path.join(ROOT, "judge.py"), str(problem.number), *target_args, "--brief",
            "--profile", "quick" if args.profile == "default" else args.profile]
+    if args.select:
+        cmd += ["-k", args.select]
+    if args.tests:
+        cmd += ["--tests", args.tests]
     print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop")
 
     def rejudge():

@@ -51,8 +51,12 @@ class ForbiddenOp(HarnessError):
     """Raised on a rank when code issues an op the call's policy forbids."""
 
 
-class TraceTampered(HarnessError):
-    """Something removed or bypassed the harness's tracer on a rank."""
+class TraceTampered(BaseException):
+    """Something removed or bypassed the harness's tracer on a rank.
+
+    A BaseException, like NotImplementedYet: hypothesis stops at once rather than
+    shrinking something no input causes.
+    """
 
 
 class RankCrashed(HarnessError):
@@ -77,3 +81,11 @@ class HangError(HarnessError):
 
 class TargetError(HarnessError):
     """The learner's file cannot be used: missing, a syntax error, or required names absent."""
+
+
+class HangStopped(BaseException):
+    """A HangError raised past hypothesis: shrinking a hang costs one timeout per attempt."""
+
+    def __init__(self, hang: HangError):
+        self.hang = hang
+        super().__init__(str(hang))

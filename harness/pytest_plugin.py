@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 from . import catalogue, runner  # noqa: E402
 from .properties import PropertyFailed
-from .errors import HangError, HarnessError, NotImplementedYet, RankCrashed, TargetError
+from .errors import (HangError, HangStopped, HarnessError, NotImplementedYet, RankCrashed, TargetError,
+                     TraceTampered)
 from .target import Target
 
 PROFILES = {"quick": 10, "default": 50, "thorough": 500}
@@ -110,7 +111,8 @@ def _problem_policy(request):
     if problem is None:
         yield
         return
-    with runner.defaults(forbid=problem.forbidden_ops, allow=problem.allowed_ops, timeout=problem.time_limit):
+    with runner.defaults(forbid=problem.forbidden_ops, allow=problem.allowed_ops, timeout=problem.time_limit,
+                         stop_on_hang=True):
         yield
 
 
@@ -139,12 +141,14 @@ def explain(exc) -> tuple[str, str]:
     """(kind, message) for a failure; kind is what judge.py shows in its table."""
     if isinstance(exc, NotImplementedYet):
         return "not implemented", str(exc)
-    if isinstance(exc, HangError):
+    if isinstance(exc, (HangError, HangStopped)):
         return "hang", str(exc)
     if isinstance(exc, RankCrashed):
         return "crash", str(exc)
     if isinstance(exc, PropertyFailed):
         return "property", str(exc)
+    if isinstance(exc, TraceTampered):
+        return "tampered", str(exc)
     if isinstance(exc, HarnessError):
         return type(exc).__name__, str(exc)
     if isinstance(exc, AssertionError):
@@ -169,7 +173,7 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append(("kit_kind", kind))
         report.user_properties.append(("kit_message", message))
         report.user_properties.append(("kit_example", example))
-        if isinstance(exc, (HarnessError, PropertyFailed)):
+        if isinstance(exc, (HarnessError, PropertyFailed, HangStopped, NotImplementedYet, TraceTampered)):
             text = f"[{kind}] {message}"
             if example:
                 text += "\n\n" + example

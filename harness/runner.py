@@ -27,7 +27,7 @@ import cloudpickle
 from . import _diagnose, timeline
 from ._boot import CONTEXT
 from ._tracer import Policy
-from .errors import ForbiddenOp, HangError, NotImplementedYet, RankCrashed, RankError, TraceTampered
+from .errors import ForbiddenOp, HangError, HangStopped, NotImplementedYet, RankCrashed, RankError, TraceTampered
 from .trace import CommOp, PhaseSpan, Trace
 
 DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "5"))
@@ -233,7 +233,7 @@ class World:
             error = _rank_error(errors, self.world_size)
             # Every rank returned and their ops pair up: nothing is left in flight, so the
             # world is reusable (a stub fails every example; rebuilding each time is slow).
-            error.world_reusable = (not pending and not retire
+            error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
                                     and _ops_balanced([rep[2] for _, rep in sorted(replies.items())]))
             if not error.world_reusable:
                 self.kill()
@@ -375,14 +375,18 @@ def _rank_error(errors: dict, world_size: int) -> BaseException:
 _WORLDS: dict[tuple, World] = {}
 
 
-_DEFAULTS = {"forbid": (), "allow": None, "timeout": None}
+_DEFAULTS = {"forbid": (), "allow": None, "timeout": None, "stop_on_hang": False}
 
 
 @contextmanager
-def defaults(forbid=(), allow=None, timeout=None):
-    """Set the policy and timeout that ``run`` uses when a call gives none (the problem's, from problems.yaml)."""
+def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False):
+    """Set the policy and timeout that ``run`` uses when a call gives none (the problem's, from problems.yaml).
+
+    ``stop_on_hang`` raises hangs as ``HangStopped`` (a BaseException), so hypothesis reports
+    the first hang at once instead of shrinking it one timeout at a time.
+    """
     saved = dict(_DEFAULTS)
-    _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout)
+    _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout, stop_on_hang=stop_on_hang)
     try:
         yield
     finally:
@@ -418,7 +422,17 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
         if not getattr(error, "world_reusable", False):
             _WORLDS.pop(key, None)
             world.kill()
+        if isinstance(error, HangError):
+            error.args = (f"{error.args[0]}\n  the call: {_describe_call(fn, args, kwargs)}",)
+            if _DEFAULTS["stop_on_hang"]:
+                raise HangStopped(error) from None
         raise
+
+
+def _describe_call(fn, args, kwargs, limit: int = 400) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    text = f"{getattr(fn, '__name__', fn)}({', '.join(parts)})"
+    return text if len(text) <= limit else text[:limit] + "...)"
 
 
 def _register_by_value(fn):

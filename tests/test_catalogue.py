@@ -1,0 +1,56 @@
+"""problems.yaml is validated at load, with errors that say where and what."""
+import pytest
+
+from harness import catalogue
+
+GOOD = """
+problems:
+  - number: 113
+    slug: ddp_buckets
+    title: DDP
+    difficulty: easy
+    topic: data parallel
+    file: ddp_buckets.py
+    names: [make_buckets]
+"""
+
+
+def _load(tmp_path, text):
+    path = tmp_path / "problems.yaml"
+    path.write_text(text)
+    return catalogue.load(str(path))
+
+
+def test_the_kit_catalogue_loads_and_every_problem_has_its_files():
+    problems = catalogue.load()
+    assert sorted(problems) == list(range(111, 121))
+    for p in problems.values():
+        assert p.hints, f"problem {p.number} has no hints"
+        assert p.wrong_files(), f"problem {p.number} has no known-wrong versions"
+
+
+def test_a_good_entry_loads(tmp_path):
+    p = _load(tmp_path, GOOD)[113]
+    assert p.folder == "113_ddp_buckets" and p.names == ("make_buckets",) and p.points_for("test_x") == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    (GOOD.replace("    names: [make_buckets]\n", "    names: [make_buckets]\n    colour: red\n"), "unknown key colour"),
+    (GOOD.replace("    topic: data parallel\n", ""), "missing topic"),
+    (GOOD + GOOD.split("problems:\n")[1], "duplicate problem number 113"),
+    (GOOD.replace("easy", "trivial"), "difficulty must be one of"),
+    (GOOD.replace("    names: [make_buckets]\n", "    names: [make_buckets]\n    forbidden_ops: [allreduce]\n"),
+     "unknown op kinds allreduce"),
+    ("problems: [\n", "not valid YAML"),
+    ("- 1\n- 2\n", "must be a mapping with a 'problems:' list"),
+])
+def test_malformed_catalogue_is_rejected_with_a_clear_error(tmp_path, text, message):
+    with pytest.raises(catalogue.CatalogueError, match=message):
+        _load(tmp_path, text)
+
+
+def test_problem_for_path_reads_the_folder_number():
+    problems = catalogue.load()
+    assert catalogue.problem_for_path("/x/hidden/113_ddp_buckets/test_a.py", problems).number == 113
+    assert catalogue.problem_for_path("/x/hidden/113/test_a.py", problems).number == 113
+    assert catalogue.problem_for_path("/x/hidden/misc/test_a.py", problems) is None
