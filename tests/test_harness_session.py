@@ -15,7 +15,7 @@ from tests.harness_helpers import ROOT
 # is part of what must be cleaned up.  No kit plugin: the harness must clean up on its own.
 SAMPLE = '''
 import json, os, time
-import torch, torch.distributed as dist
+import pytest, torch, torch.distributed as dist
 import harness
 
 SHARED = os.environ["SAMPLE_SHARED"]
@@ -38,10 +38,8 @@ def _meet(me, other):
 def _work(me, other, crash):
     harness.run(scaled_sum, 2, 0, timeout=60)
     if crash:
-        try:
+        with pytest.raises(harness.RankCrashed, match="exited with code 7"):
             harness.run(die, 2, timeout=10)
-        except harness.RankCrashed:
-            pass
     _meet(me + ".ready", other + ".ready")
     pids = set()
     for k in range(30):
