@@ -1,5 +1,91 @@
-"""Problem 120 placeholder: being written."""
+"""Problem 120 reference: mixture-of-experts layer with expert parallelism over all-to-all.
+
+Each token picks its top-k experts; every (token, choice) pair travels to the rank
+that owns the expert, is transformed there, and comes back to be weighted and summed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 
-def moe_forward(*args, **kwargs):
-    raise NotImplementedError('moe_forward: see README.md')
+def all_to_all(x, out_splits, in_splits, group):
+    """Row block i of ``x`` (in_splits[i] rows) goes to group rank i; blocks arrive stacked by source rank."""
+    out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all along dim 0, differentiable: its backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        return all_to_all(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+class MoE:
+    """The algorithm, one overridable piece per method."""
+
+    def __call__(self, x, router_w, w1, w2, top_k, group=None):
+        size, e_local = dist.get_world_size(group), w1.shape[0]
+        tokens, d = x.shape
+        weights, experts = self.route(x, router_w, top_k)
+        choices = experts.reshape(-1)                   # token t's j-th choice sits at t * top_k + j
+        order = torch.argsort(choices, stable=True)     # grouped by expert, hence by the rank that owns it
+        send_counts = torch.bincount(choices, minlength=size * e_local)
+        recv_counts = self.exchange_counts(send_counts, group)                  # 1. how many, per expert
+        send_splits = self.rank_splits(send_counts, size, e_local)
+        recv_splits = self.rank_splits(recv_counts, size, e_local)
+        outgoing = x[order // top_k]
+        incoming = self.exchange(outgoing, recv_splits, send_splits, group)      # 2. dispatch
+        results = self.run_experts(incoming, recv_counts, w1, w2)
+        returned = self.exchange(results, send_splits, recv_splits, group)       # 3. combine
+        return self.combine(returned, order, weights, tokens, top_k, d)
+
+    def exchange_counts(self, send_counts, group):
+        """recv_counts[s * E_local + e]: how many token choices rank s sends to this rank's expert e."""
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
+        return recv_counts
+
+    def exchange(self, rows, out_splits, in_splits, group):
+        return AllToAll.apply(rows, out_splits, in_splits, group)
+
+    def route(self, x, router_w, top_k):
+        """Each token's top-k experts (ties as torch.topk breaks them) and their softmax weights."""
+        top, experts = (x @ router_w).topk(top_k, dim=-1)
+        return torch.softmax(top, dim=-1), experts
+
+    def rank_splits(self, per_expert, size, e_local) -> list:
+        """Per-expert counts -> per-rank counts: global expert e lives on rank e // e_local."""
+        return per_expert.view(size, e_local).sum(1).tolist()
+
+    def expert(self, h, w1, w2):
+        return F.gelu(h @ w1) @ w2
+
+    def run_experts(self, incoming, recv_counts, w1, w2):
+        """Rows arrive grouped by source rank, then by local expert; run each row through its expert."""
+        e_local = w1.shape[0]
+        local_expert = torch.arange(e_local).repeat(len(recv_counts) // e_local).repeat_interleave(recv_counts)
+        out = torch.zeros_like(incoming)
+        for e in range(e_local):
+            rows = (local_expert == e).nonzero().squeeze(1)
+            out = out.index_copy(0, rows, self.expert(incoming[rows], w1[e], w2[e]))
+        return out
+
+    def combine(self, returned, order, weights, tokens, top_k, d):
+        """Undo the sort, then y[t] = sum_j weights[t, j] * (token t's j-th expert output)."""
+        unsorted = returned[torch.argsort(order)]
+        return (unsorted.view(tokens, top_k, d) * weights.unsqueeze(-1)).sum(1)
+
+
+def moe_forward(x, router_w, w1, w2, top_k, group=None):
+    return MoE()(x, router_w, w1, w2, top_k, group)
