@@ -79,40 +79,12 @@ def _collectives(flight: list) -> list:
 
 
 def diagnose_hang(flights: list, stuck: list, where: dict) -> str | None:
-    n = len(flights)
-    # 1. Collective sequences that disagree between ranks.
-    seqs = [_collectives(f) for f in flights]
-    for i in range(max((len(s) for s in seqs), default=0)):
-        present = {r: s[i] for r, s in enumerate(seqs) if i < len(s)}
-        kinds = {ev["kind"] for ev in present.values()}
-        if len(kinds) > 1:
-            a, b = sorted(present)[:2]
-            for r in sorted(present)[1:]:
-                if present[r]["kind"] != present[a]["kind"]:
-                    b = r
-                    break
-            return (f"rank {b}'s {_ordinal(i + 1)} collective is {present[b]['kind']} "
-                    f"({present[b]['site']}), rank {a}'s is {present[a]['kind']} ({present[a]['site']}): "
-                    "every rank must issue the same collectives in the same order")
-        shapes = {r: ev.get("shapes") for r, ev in present.items()}
-        if len({repr(v) for v in shapes.values()}) > 1:
-            a = min(present)
-            b = next(r for r in sorted(present) if shapes[r] != shapes[a])
-            return (f"the ranks' {_ordinal(i + 1)} collective ({present[a]['kind']}) has tensors of shape "
-                    f"{_shape(shapes[b])} on rank {b} ({present[b]['site']}) but {_shape(shapes[a])} on rank {a}: "
-                    "every rank must pass tensors of the same size")
-        missing = [r for r in range(n) if r not in present]
-        if missing and present:
-            r0 = min(present)
-            ev = present[r0]
-            computing = [r for r in missing if r in stuck and not _in_wait(flights[r])]
-            if computing:
-                return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
-                        f"but rank {computing[0]} never got there: it is not inside a communication op, it is "
-                        f"still computing at {where.get(computing[0])} (an endless loop?)")
-            return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
-                    f"which rank{'s' if len(missing) > 1 else ''} {_names(missing)} never issued: "
-                    "a collective skipped on some ranks (a rank-dependent if?)")
+    # 1. Collective sequences that disagree between the members of a group (each group on its own:
+    #    ranks 0-1 reducing in their group while 2-3 broadcast in theirs is no disagreement).
+    for group in sorted({tuple(ev.get("group") or range(len(flights))) for f in flights for ev in _collectives(f)}):
+        found = _disagreement(flights, group, stuck, where)
+        if found:
+            return found
     # 2. Point-to-point: who waits on whom.
     pend = {r: _pending(flights[r]) for r in stuck}
     p2p = {r: ev for r, ev in pend.items() if ev and ev["kind"] in ("send", "recv")}
@@ -138,6 +110,44 @@ def diagnose_hang(flights: list, stuck: list, where: dict) -> str | None:
     if busy:
         r = busy[0]
         return f"rank {r} is not inside a communication op: it is still computing at {where.get(r)} (an endless loop?)"
+    return None
+
+
+def _disagreement(flights: list, group: tuple, stuck: list, where: dict) -> str | None:
+    members = [r for r in group if r < len(flights)]
+    seqs = {r: [ev for ev in _collectives(flights[r]) if tuple(ev.get("group") or range(len(flights))) == group]
+            for r in members}
+    for i in range(max((len(s) for s in seqs.values()), default=0)):
+        present = {r: s[i] for r, s in seqs.items() if i < len(s)}
+        kinds = {ev["kind"] for ev in present.values()}
+        if len(kinds) > 1:
+            a, b = sorted(present)[:2]
+            for r in sorted(present)[1:]:
+                if present[r]["kind"] != present[a]["kind"]:
+                    b = r
+                    break
+            return (f"rank {b}'s {_ordinal(i + 1)} collective is {present[b]['kind']} "
+                    f"({present[b]['site']}), rank {a}'s is {present[a]['kind']} ({present[a]['site']}): "
+                    "every rank must issue the same collectives in the same order")
+        shapes = {r: ev.get("shapes") for r, ev in present.items()}
+        if len({repr(v) for v in shapes.values()}) > 1:
+            a = min(present)
+            b = next(r for r in sorted(present) if shapes[r] != shapes[a])
+            return (f"the ranks' {_ordinal(i + 1)} collective ({present[a]['kind']}) has tensors of shape "
+                    f"{_shape(shapes[b])} on rank {b} ({present[b]['site']}) but {_shape(shapes[a])} on rank {a}: "
+                    "every rank must pass tensors of the same size")
+        missing = [r for r in members if r not in present]
+        if missing and present:
+            r0 = min(present)
+            ev = present[r0]
+            computing = [r for r in missing if r in stuck and not _in_wait(flights[r])]
+            if computing:
+                return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
+                        f"but rank {computing[0]} never got there: it is not inside a communication op, it is "
+                        f"still computing at {where.get(computing[0])} (an endless loop?)")
+            return (f"rank {r0} waits in its {_ordinal(i + 1)} collective ({ev['kind']} at {ev['site']}), "
+                    f"which rank{'s' if len(missing) > 1 else ''} {_names(missing)} never issued: "
+                    "a collective skipped on some ranks (a rank-dependent if?)")
     return None
 
 

@@ -111,6 +111,17 @@ def endless_loop_on_rank_1():
     _all_reduce_once()
 
 
+def group_work_then_recv_recv():
+    rank = dist.get_rank()
+    low, high = dist.new_group([0, 1]), dist.new_group([2, 3])
+    t = torch.ones(2)
+    if rank < 2:   # each pair runs its own collectives: different kinds in different groups is fine
+        dist.all_reduce(t, group=low)
+        dist.recv(t, 1 - rank)
+    else:
+        dist.broadcast(t, 2, group=high)
+
+
 def _line_of(fn, text: str) -> int:
     import inspect
     lines, first = inspect.getsourcelines(fn)
@@ -134,6 +145,10 @@ HANGS = {   # name: (fn, world size, diagnosis, {rank: (function, source line) i
     "endless_loop": (endless_loop_on_rank_1, 2, "rank 1 never got there: it is not inside a communication op",
                      {0: (_all_reduce_once, "dist.all_reduce(t)"), 1: (endless_loop_on_rank_1, "while True: pass")},
                      ["an endless loop?"]),
+    "p2p_after_subgroup_collectives": (group_work_then_recv_recv, 4, "ranks 0 and 1 both wait in recv()",
+                                       {0: (group_work_then_recv_recv, "dist.recv(t, 1 - rank)"),
+                                        1: (group_work_then_recv_recv, "dist.recv(t, 1 - rank)")},
+                                       ["rank 2 finished the call", "rank 3 finished the call"]),
 }
 
 
