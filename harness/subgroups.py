@@ -21,6 +21,11 @@ def group_layout(world_size: int, size: int) -> list[list[int]]:
     return [list(range(start, start + size)) for start in range(0, world_size, size)]
 
 
+def positions(world_size: int, size: int) -> dict:
+    """Global rank -> (its group's index, its rank inside that group)."""
+    return {rank: (i, ranks.index(rank)) for i, ranks in enumerate(group_layout(world_size, size)) for rank in ranks}
+
+
 @contextmanager
 def contiguous_groups(size: int):
     """Yield (this rank's group, its global ranks, the group's index).  Every rank must enter together."""

@@ -17,8 +17,11 @@ import harness
 from harness import strategies as hs
 from harness.shard_match import (check_holds_exactly, check_own_storage, check_shard_grads, columns,
                                  distinct_values_, held_tensors, rows)
-from harness.subgroups import contiguous_groups, group_layout
+from harness.subgroups import contiguous_groups, group_layout, positions
 
+# The expected values are tiny tensors: one thread computes them ~100x faster than a pool
+# competing with the ranks for the cores.
+torch.set_num_threads(1)
 TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-8), torch.float32: dict(atol=2e-5, rtol=1e-4)}
 KINDS = ("column", "row", "mlp", "attention")
 
@@ -82,18 +85,21 @@ def _check_comm_function(target, name, case, forward_ops, backward_ops, expect_y
         harness.assert_close(out["x_grad"], expect_grad(gs, r), f"{name}(x): gradient reaching x", rank=r, **tol)
 
 
+@hs.fewer_examples(0.6)
 @given(comm_cases())
 def test_copy_to_tp(target, case):
     _check_comm_function(target, "copy_to_tp", case, [], ["all_reduce"],
                          expect_y=lambda xs, r: xs[r], expect_grad=lambda gs, r: sum(gs[1:], gs[0]))
 
 
+@hs.fewer_examples(0.6)
 @given(comm_cases())
 def test_reduce_from_tp(target, case):
     _check_comm_function(target, "reduce_from_tp", case, ["all_reduce"], [],
                          expect_y=lambda xs, r: sum(xs[1:], xs[0]), expect_grad=lambda gs, r: gs[r])
 
 
+@hs.fewer_examples(0.6)
 @given(comm_cases())
 def test_gather_from_tp(target, case):
     k = case["shape"][-1]
@@ -108,8 +114,8 @@ def test_gather_from_tp(target, case):
 def tp_cases(draw, kinds=KINDS, n=None):
     n = n or draw(hs.world_sizes())
     kind = draw(st.sampled_from(kinds))
-    case = dict(kind=kind, n=n, dtype=draw(hs.dtypes()), bias=draw(st.booleans()), seed=draw(hs.seeds()),
-                lead=tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))))
+    case = dict(kind=kind, n=n, dtype=draw(hs.dtypes()), bias=draw(st.sampled_from([True, False])),
+                seed=draw(hs.seeds()), lead=tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))))
     width, per_rank = st.integers(1, 5), st.integers(1, 3)
     if kind == "column":
         case.update(d_in=draw(width), d_out=n * draw(per_rank), gather_output=draw(st.booleans()))
@@ -316,27 +322,31 @@ def check_outputs_and_input_grads(case, values, index_of=lambda r: (0, r, None))
         harness.assert_close(out["x_grad"], x_grad, f"{layer}: gradient of its input", rank=rank, **tol)
 
 
+@hs.fewer_examples(0.5)
 @given(tp_cases(("column",)))
 def test_column_parallel_linear(target, case):
     check_outputs_and_input_grads(case, _run_layers(target, case).values)
 
 
+@hs.fewer_examples(0.5)
 @given(tp_cases(("row",)))
 def test_row_parallel_linear(target, case):
     check_outputs_and_input_grads(case, _run_layers(target, case).values)
 
 
+@hs.fewer_examples(0.5)
 @given(tp_cases(("mlp",)))
 def test_parallel_mlp(target, case):
     check_outputs_and_input_grads(case, _run_layers(target, case).values)
 
 
+@hs.fewer_examples(0.5)
 @given(tp_cases(("attention",)))
 def test_parallel_self_attention(target, case):
     check_outputs_and_input_grads(case, _run_layers(target, case).values)
 
 
-@hs.fewer_examples(0.6)
+@hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_weight_grads_are_slices_of_full_grads(target, case):
     values = _run_layers(target, case).values
@@ -346,7 +356,7 @@ def test_weight_grads_are_slices_of_full_grads(target, case):
                           **TOLERANCE[case["dtype"]])
 
 
-@hs.fewer_examples(0.6)
+@hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_parameters_are_shards(target, case):
     values = _run_layers(target, case).values
@@ -360,6 +370,7 @@ def _elements(shape) -> int:
     return math.prod(shape)
 
 
+@hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_communication_per_layer(target, case):
     _, trace = _run_layers(target, case)
@@ -403,6 +414,7 @@ def _construct_only(target, case):
     return None, None
 
 
+@hs.fewer_examples(0.4)
 @given(indivisible_cases())
 def test_indivisible_sizes_raise_value_error(target, drawn):
     case, bad = drawn
@@ -429,12 +441,11 @@ def subgroup_cases(draw):
 def test_layers_respect_the_group_argument(target, drawn):
     world, tp, case = drawn
     values, trace = harness.run(_tp_layer, world, target, case, tp)
-    layout = group_layout(world, tp)
-    where = {rank: (i, ranks.index(rank), tp) for i, ranks in enumerate(layout) for rank in ranks}
+    layout, where = group_layout(world, tp), positions(world, tp)
     for rank in range(world):
         mine = tuple(layout[where[rank][0]])
         for op in trace.ops(rank):
             harness.check(op.group == mine,
                           f"{_describe(case)} with group={list(mine)} (world of {world}): {op.describe()} ran on "
                           f"ranks {list(op.group)}; every op must run on the group passed in", rank=rank)
-    check_outputs_and_input_grads(case, values, index_of=lambda rank: where[rank])
+    check_outputs_and_input_grads(case, values, index_of=lambda rank: where[rank] + (tp,))

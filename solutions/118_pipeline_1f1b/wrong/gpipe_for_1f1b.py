@@ -1,0 +1,12 @@
+"""schedule_1f1b returns the GPipe order: correct results, but every stage holds all m activations."""
+from harness import reference_of
+
+ref = reference_of(__file__)
+schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (ref.schedule_gpipe, ref.simulate, ref.SimResult,
+                                                         ref.ScheduleDeadlock)
+run_pipeline = ref.run_pipeline
+REJECTED_BY = "test_1f1b_is_the_canonical_order"
+
+
+def schedule_1f1b(num_stages, num_microbatches):
+    return schedule_gpipe(num_stages, num_microbatches)

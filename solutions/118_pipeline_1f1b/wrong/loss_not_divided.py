@@ -1,0 +1,13 @@
+"""The last stage backwards loss_fn(out, target) without dividing by m: gradients and loss m times too big."""
+from harness import reference_of
+
+ref = reference_of(__file__)
+schedule_1f1b, schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (
+    ref.schedule_1f1b, ref.schedule_gpipe, ref.simulate, ref.SimResult, ref.ScheduleDeadlock)
+REJECTED_BY = "test_pipeline_matches_single_process"
+
+
+def run_pipeline(stage_module, ops, act_shape, inputs=None, targets=None, loss_fn=None, group=None):
+    m = sum(1 for kind, _ in ops if kind == "F")
+    return ref.run_pipeline(stage_module, ops, act_shape, inputs, targets,
+                            None if loss_fn is None else (lambda out, y: loss_fn(out, y) * m), group)
