@@ -1,8 +1,6 @@
 """Property checks whose failures read as plain sentences."""
 from __future__ import annotations
 
-import torch
-
 
 class PropertyFailed(AssertionError):
     """A property of the problem does not hold.  The message says which, where and by how much."""
@@ -22,6 +20,7 @@ def check(condition: bool, message: str, rank=None, step=None):
 def assert_close(actual, expected, what: str, rank=None, step=None, atol: float = 1e-9,
                  rtol: float = 1e-7, exact: bool = False):
     """Compare two tensors; on failure say which tensor, where, the max difference and its index."""
+    import torch
     where = _where(rank, step)
     prefix = f"{what}" + (f" on {where}" if where else "")
     if not isinstance(actual, torch.Tensor):

@@ -15,14 +15,13 @@ import json
 import os
 import time
 
+import sys
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from . import catalogue
 from ._boot import start_forkserver
-
-start_forkserver()  # first: its torch import then overlaps with ours
-
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, Phase, settings  # noqa: E402
-
-from . import catalogue, runner  # noqa: E402
 from .properties import PropertyFailed
 from .errors import (HangError, HangStopped, HarnessError, NotImplementedYet, RankCrashed, TargetError,
                      TraceTampered)
@@ -37,6 +36,13 @@ for _name, _examples in PROFILES.items():
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 settings.load_profile(os.environ.get("KIT_PROFILE", "default"))
+
+
+def pytest_configure(config):
+    # Start it before the tests import torch, so its own torch import overlaps with theirs.
+    # An xdist controller runs no test: only its workers need ranks.
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        start_forkserver()
 
 
 def pytest_addoption(parser):
@@ -111,13 +117,15 @@ def _problem_policy(request):
     if problem is None:
         yield
         return
+    from . import runner
     with runner.defaults(forbid=problem.forbidden_ops, allow=problem.allowed_ops, timeout=problem.time_limit,
                          stop_on_hang=True):
         yield
 
 
 def pytest_sessionfinish(session):
-    runner.shutdown()
+    if "harness.runner" in sys.modules:
+        sys.modules["harness.runner"].shutdown()
     path = session.config.getoption("--kit-report", default=None)
     if path and not hasattr(session.config, "workerinput"):
         with open(path, "w", encoding="utf-8") as f:
