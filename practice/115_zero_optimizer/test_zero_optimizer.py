@@ -107,6 +107,10 @@ def _compare_history(history, expected, names, what, rank, first_step=0):
 def test_matches_single_process_training(target, case):
     values, _ = _run(target, case)
     names, expected = _expected(case)
+    for rank, out in enumerate(values[1:], 1):
+        _compare_history(out["history"], values[0]["history"], names,
+                         f"ShardedOptimizer({_describe(case)}), against rank 0's copy (after step() every rank "
+                         "must hold the same full parameters: all_gather every rank's updated shard)", rank)
     for rank, out in enumerate(values):
         _compare_history(out["history"], expected, names, f"ShardedOptimizer({_describe(case)})", rank)
 

@@ -139,8 +139,8 @@ def test_matches_single_process_training(target, case):
     for step, want_params in enumerate(expected):
         got_params = _assemble(values, layout, n, step)
         for name, got, want in zip(names, got_params, want_params):
-            harness.assert_close(got, want, f"parameter {name}, reassembled from every rank's shard, after "
-                                 f"{case['optimizer']} on FullyShardedModel.parameters() ({_describe(case)})",
+            harness.assert_close(got, want, f"parameter {name}, reassembled from every rank's shard, with the "
+                                 f"optimizer on FullyShardedModel.parameters() ({_describe(case)})",
                                  step=step, atol=1e-9, rtol=1e-7)
 
 
@@ -208,16 +208,17 @@ def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, case):
     shards = sorted(shard_size(numel, n) * e for _, _, numel in layout)
     for rank in range(n):
         for step in range(case["steps"]):
-            for phase, want in (("forward", {"all_gather": shards}),
-                                ("backward", {"all_gather": shards, "reduce_scatter": [n * b for b in shards]})):
+            for phase, want, what in (
+                    ("forward", {"all_gather": shards}, "one all_gather of its shard"),
+                    ("backward", {"all_gather": shards, "reduce_scatter": [n * b for b in shards]},
+                     "one all_gather of its shard and one reduce_scatter of its padded gradient")):
                 ops = trace.ops(rank, phase=phase, step=step)
                 got = {kind: sorted(op.in_bytes for op in ops if op.kind == kind) for kind in {op.kind for op in ops}}
+                sizes = ", ".join(f"{kind} inputs {b} bytes" for kind, b in want.items())
                 harness.check(got == want,
                               f"the {phase} pass issued {[op.describe() for op in ops]}; per unit with parameters "
-                              f"it must issue {'one all_gather of its shard' if phase == 'forward' else 'one all_gather of its shard and one reduce_scatter of its padded gradient'} "
-                              f"and nothing else: all_gather inputs {want['all_gather']} bytes"
-                              + (f", reduce_scatter inputs {want['reduce_scatter']} bytes" if phase == "backward" else "")
-                              + f" ({_describe(case)})", rank=rank, step=step)
+                              f"it must issue {what}, and nothing else: {sizes} ({_describe(case)})",
+                              rank=rank, step=step)
             ops = trace.ops(rank, step=step)
             wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in ops)
             padded = n * sum(shards)
