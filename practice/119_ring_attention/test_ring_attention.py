@@ -170,6 +170,7 @@ def test_forward_sends_kv_chunks_to_the_next_rank(target, case):
     check_ring_traffic(trace, case, "forward")
 
 
+@hs.fewer_examples(0.5)
 @given(cases())
 def test_forward_passes_kv_n_minus_1_times(target, case):
     _, trace = run(target, case, sequence(case))
@@ -189,10 +190,9 @@ def test_runs_on_a_process_group(target, data):
     case = data.draw(cases(min_world=2))
     members = sorted(data.draw(st.sets(st.integers(0, case["world_size"] - 1), min_size=1)))
     tensors = sequence(case, members)
-    values, trace = run(target, case, tensors, backward=True, members=members)
-    expected, grads = full_attention(*tensors, case["causal"])
+    values, trace = run(target, case, tensors, members=members)
+    expected, _ = full_attention(*tensors, case["causal"])
     check_outputs(values, case, expected, members=members)
-    check_gradients(values, case, grads, members=members)
     for rank in range(case["world_size"]):
         harness.check(rank in members or not trace.ops(rank),
                       f"rank {rank} is outside the group {members} but communicated", rank=rank)
@@ -201,6 +201,7 @@ def test_runs_on_a_process_group(target, data):
 
 # ---- Part 2: backward --------------------------------------------------------------------------
 
+@hs.fewer_examples(0.5)
 @given(cases())
 def test_backward_matches_full_attention(target, case):
     tensors = sequence(case)
@@ -209,6 +210,7 @@ def test_backward_matches_full_attention(target, case):
     check_gradients(values, case, grads)
 
 
+@hs.fewer_examples(0.5)
 @given(cases())
 def test_backward_rotates_around_the_ring(target, case):
     _, trace = run(target, case, sequence(case), backward=True)
