@@ -48,8 +48,12 @@ def held_tensors(module) -> list[dict]:
         add(name, "buffer", b)
     for prefix, sub in module.named_modules():
         for key, value in vars(sub).items():
-            if isinstance(value, torch.Tensor):
-                add(f"{prefix}.{key}" if prefix else key, "attribute", value)
+            name = f"{prefix}.{key}" if prefix else key
+            items = value.items() if isinstance(value, dict) else enumerate(value) \
+                if isinstance(value, (list, tuple)) else [(None, value)]
+            for k, v in items:  # plain tensor attributes, and tensors one level inside a list, tuple or dict
+                if isinstance(v, torch.Tensor) and key not in ("_parameters", "_buffers"):
+                    add(name if k is None else f"{name}[{k!r}]", "attribute", v)
     return out
 
 

@@ -9,9 +9,11 @@ The groups are destroyed on exit, so a pooled world does not collect one per cal
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch.distributed as dist
+
+from .member_groups import member_group
 
 
 def group_layout(world_size: int, size: int) -> list[list[int]]:
@@ -30,10 +32,7 @@ def positions(world_size: int, size: int) -> dict:
 def contiguous_groups(size: int):
     """Yield (this rank's group, its global ranks, the group's index).  Every rank must enter together."""
     layout = group_layout(dist.get_world_size(), size)
-    groups = [dist.new_group(ranks) for ranks in layout]
     index = dist.get_rank() // size
-    try:
+    with ExitStack() as stack:  # every rank creates every group, in the same order, as new_group requires
+        groups = [stack.enter_context(member_group(ranks))[0] for ranks in layout]
         yield groups[index], layout[index], index
-    finally:
-        for group in groups:
-            dist.destroy_process_group(group)

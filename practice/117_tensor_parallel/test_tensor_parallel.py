@@ -49,7 +49,7 @@ def _comm_function(target, name, case):
     with harness.phase("forward"):
         y = fn(x)
     grad = _rank_tensor(case, rank, 2, last=case["shape"][-1] * (n if name == "gather_from_tp" else 1))
-    out = {"y": y.detach().clone(), "x_grad": None}
+    out = {"y": y.detach().clone(), "x_grad": None, "x_after": x.detach().clone()}
     if tuple(y.shape) == tuple(grad.shape):
         with harness.phase("backward"):
             y.backward(grad)
@@ -81,6 +81,8 @@ def _check_comm_function(target, name, case, forward_ops, backward_ops, expect_y
     for r, out in enumerate(values):
         _check_ops(trace, r, "forward", forward_ops, n, name)
         _check_ops(trace, r, "backward", backward_ops, n, name)
+        harness.assert_close(out["x_after"], xs[r], f"{name}(x): x after the call (it must not be modified in "
+                                                    "place)", rank=r, exact=True)
         harness.assert_close(out["y"], expect_y(xs, r), f"{name}(x) forward output", rank=r, **tol)
         harness.assert_close(out["x_grad"], expect_grad(gs, r), f"{name}(x): gradient reaching x", rank=r, **tol)
 
