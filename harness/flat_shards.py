@@ -113,3 +113,11 @@ def optimizer_state(optimizers) -> dict:
                 else:
                     element_bytes += value.numel() * value.element_size()
     return {"optimizers": len(optimizers), "element_bytes": element_bytes, "scalars": scalars, "tensors": tensors}
+
+
+def mlp_widths_with_tiny(max_layers: int = 3):
+    """Hypothesis strategy: MLP widths of 1..max_layers layers, and often Linear(1, 1), whose P = 2 < N for N = 3, 4."""
+    from hypothesis import strategies as st
+
+    from .strategies import mlp_widths
+    return st.one_of(mlp_widths(max_layers=max_layers), st.just([1, 1]))

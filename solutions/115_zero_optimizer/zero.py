@@ -14,10 +14,11 @@ class ShardedOptimizer:
             raise ValueError(f"stage must be 1 or 2, got {stage!r}")
         if not self.params:
             raise ValueError("ShardedOptimizer got an empty parameter list")
-        if len({p.dtype for p in self.params}) > 1:
-            raise ValueError(f"all parameters must share one dtype, got {sorted({str(p.dtype) for p in self.params})}")
-        if len({p.device for p in self.params}) > 1:
-            raise ValueError(f"all parameters must be on one device, got {sorted({str(p.device) for p in self.params})}")
+        dtypes, devices = sorted({str(p.dtype) for p in self.params}), sorted({str(p.device) for p in self.params})
+        if len(dtypes) > 1:
+            raise ValueError(f"all parameters must share one dtype, got {dtypes}")
+        if len(devices) > 1:
+            raise ValueError(f"all parameters must be on one device, got {devices}")
         self.stage, self.group = stage, group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.dtype = self.params[0].dtype
