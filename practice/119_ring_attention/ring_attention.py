@@ -5,7 +5,8 @@ with your implementation, then run ``python judge.py 119``.
 
 Part 1 is the forward pass, Part 2 the backward pass; each earns its own points.
 The autograd Function below is a suggested shape, not a requirement: only
-``ring_attention`` is tested.
+``ring_attention`` is tested.  Once its forward works, ``ring_attention`` can
+return ``_RingAttention.apply(q, k, v, causal, group)``.
 """
 from __future__ import annotations
 
@@ -46,4 +47,6 @@ def ring_attention(q, k, v, causal=False, group=None):
     previous rank (r - 1) % N; N - 1 hops of K and of V in forward; no collectives.
     Differentiable for q, k and v (Part 2).
     """
-    return _RingAttention.apply(q, k, v, causal, group)
+    # Suggested: fill in _RingAttention above, then replace this line with
+    #     return _RingAttention.apply(q, k, v, causal, group)
+    raise NotImplementedError("ring_attention: see README.md, 'Part 1: forward'")
