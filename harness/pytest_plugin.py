@@ -29,7 +29,10 @@ from .target import Target
 
 PROFILES = {"quick": 10, "default": 50, "thorough": 500}
 # selfcheck only needs to know that a known-wrong version fails, not its smallest example
-_PHASES = [Phase.explicit, Phase.reuse, Phase.generate] if os.environ.get("KIT_NO_SHRINK") else list(Phase)
+# No explain phase: its tracing slows every call of a failing multi-rank test many times over.
+_PHASES = [Phase.explicit, Phase.reuse, Phase.generate]
+if not os.environ.get("KIT_NO_SHRINK"):
+    _PHASES.append(Phase.shrink)
 for _name, _examples in PROFILES.items():
     settings.register_profile(
         _name, max_examples=_examples, deadline=None, print_blob=True, derandomize=False, phases=_PHASES,
@@ -117,6 +120,8 @@ def _problem_policy(request):
     if problem is None:
         yield
         return
+    import torch
+    torch.set_num_threads(1)  # expected values use tiny tensors: threads only add overhead on small machines
     from . import runner
     with runner.defaults(forbid=problem.forbidden_ops, allow=problem.allowed_ops, timeout=problem.time_limit,
                          stop_on_hang=True):
