@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 
 import harness
 from harness import strategies as hs
+from harness.member_groups import member_group
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 NAMES = ("ring_all_reduce", "ring_reduce_scatter", "ring_all_gather")
@@ -77,11 +78,11 @@ def _run(target, name, case):
 
 def _call_all(target, shape, dtype, seed, chunk_shape, group_ranks=None):
     """Runs on every rank: all three functions, each in its own phase; with ``group_ranks``, on that sub-group."""
-    group = dist.new_group(group_ranks) if group_ranks is not None else None
-    if group_ranks is not None and dist.get_rank() not in group_ranks:
-        return None
-    return [_invoke(target, name, chunk_shape if name == "ring_all_gather" else shape, dtype, seed, group)
-            for name in NAMES]
+    with member_group(group_ranks) as (group, _, index):
+        if index is None:
+            return None
+        return [_invoke(target, name, chunk_shape if name == "ring_all_gather" else shape, dtype, seed, group)
+                for name in NAMES]
 
 
 # ---- values ------------------------------------------------------------------------------------
