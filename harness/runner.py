@@ -379,14 +379,15 @@ _DEFAULTS = {"forbid": (), "allow": None, "timeout": None, "stop_on_hang": False
 
 
 @contextmanager
-def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False):
+def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=None):
     """Set the policy and timeout that ``run`` uses when a call gives none (the problem's, from problems.yaml).
 
     ``stop_on_hang`` raises hangs as ``HangStopped`` (a BaseException), so hypothesis reports
     the first hang at once instead of shrinking it one timeout at a time.
     """
     saved = dict(_DEFAULTS)
-    _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout, stop_on_hang=stop_on_hang)
+    _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout, stop_on_hang=stop_on_hang,
+                     backend=backend)
     try:
         yield
     finally:
@@ -394,7 +395,7 @@ def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False):
 
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
-        backend: str = "auto", **kwargs) -> RunResult:
+        backend: str | None = None, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
@@ -404,7 +405,7 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     """
     if not 1 <= world_size <= 64:
         raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
-    backend = pick_backend(world_size, backend)
+    backend = pick_backend(world_size, backend or _DEFAULTS.get("backend") or "auto")
     key = (world_size, backend)
     world = _WORLDS.get(key)
     if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
