@@ -8,7 +8,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 import harness
 from harness import strategies as hs
@@ -88,6 +88,8 @@ def _call_all(target, shape, dtype, seed, chunk_shape, group_ranks=None):
 # ---- values ------------------------------------------------------------------------------------
 
 @given(cases())
+@example(dict(world_size=3, shape=(2, 4), dtype=torch.int64, seed=0))    # numel % N != 0
+@example(dict(world_size=4, shape=(), dtype=torch.float32, seed=0))      # numel < N, 0-d
 def test_all_reduce_sums(target, case):
     values, _ = _run(target, "ring_all_reduce", case)
     expected, tolerance = expected_sum(case["shape"], case["dtype"], case["seed"], range(case["world_size"]))
@@ -101,6 +103,7 @@ def test_all_reduce_sums(target, case):
 
 
 @given(cases(dtypes=(torch.float32, torch.bfloat16, torch.float64)))
+@example(dict(world_size=3, shape=(4, 4), dtype=torch.float32, seed=0))
 def test_all_reduce_identical_on_every_rank(target, case):
     values, _ = _run(target, "ring_all_reduce", case)
     first = values[0]["out"]
@@ -204,6 +207,7 @@ def group_cases(draw):
 
 @hs.fewer_examples(0.3)
 @given(group_cases(), st.integers(1, 4))
+@example(dict(world_size=4, shape=(5,), dtype=torch.float32, seed=0, members=[1, 3]), 2)
 def test_sub_group(target, case, chunk_rows):
     members = case["members"]
     values, trace = harness.run(_call_all, case["world_size"], target, case["shape"], case["dtype"], case["seed"],

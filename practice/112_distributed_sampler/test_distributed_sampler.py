@@ -5,7 +5,7 @@ torch's own DistributedSampler, in the test process.
 """
 import math
 import torch.distributed as dist
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 from torch.utils.data import DistributedSampler, Sampler
 
 import harness
@@ -16,7 +16,10 @@ from harness import strategies as hs
 def sampler_cases(draw, num_replicas=None):
     """Sampler arguments; dataset lengths below the replica count and not divisible by it come often."""
     replicas = num_replicas or draw(st.integers(1, 6))
-    length = draw(st.one_of(st.integers(0, replicas - 1), st.integers(0, 40)))
+    length = draw(st.one_of(
+        st.integers(0, replicas - 1),                    # fewer samples than replicas
+        st.integers(1, max(1, (replicas - 1) // 2)),     # so few that padding repeats them more than once
+        st.integers(0, 40)))
     return dict(dataset_len=length, num_replicas=replicas, shuffle=draw(st.booleans()), seed=draw(hs.seeds()),
                 drop_last=draw(st.booleans()))
 
@@ -75,6 +78,8 @@ def test_matches_torch_distributed_sampler(target, case, epochs):
 
 
 @given(sampler_cases(), epoch_lists)
+@example(dict(dataset_len=2, num_replicas=5, shuffle=False, seed=0, drop_last=False), [0])
+@example(dict(dataset_len=7, num_replicas=3, shuffle=True, seed=0, drop_last=True), [0])
 def test_lengths_equal(target, case, epochs):
     out = _sample(target, case, epochs)
     n, replicas = case["dataset_len"], case["num_replicas"]
