@@ -59,7 +59,7 @@ def gather_cases(draw):
 
 
 def _invoke(target, name, shape, dtype, seed, group=None):
-    """On a rank: call one of the learner's functions on this rank's input, inside a phase named after it."""
+    """Runs on every rank: one of the learner's functions on this rank's input, inside a phase named after it."""
     x = rank_input(shape, dtype, seed, dist.get_rank())
     kept = x.clone()
     with harness.phase(name):
@@ -67,13 +67,8 @@ def _invoke(target, name, shape, dtype, seed, group=None):
     return {"input": kept, "after": x, "out": out, "same_object": out is x}
 
 
-def _call(target, name, shape, dtype, seed):
-    """Runs on every rank: one function over all ranks."""
-    return _invoke(target, name, shape, dtype, seed)
-
-
 def _run(target, name, case):
-    return harness.run(_call, case["world_size"], target, name, case["shape"], case["dtype"], case["seed"])
+    return harness.run(_invoke, case["world_size"], target, name, case["shape"], case["dtype"], case["seed"])
 
 
 def _call_all(target, shape, dtype, seed, chunk_shape, group_ranks=None):
@@ -153,7 +148,7 @@ def _run_all(target, case, chunk_shape):
 
 
 def check_ring_peers(trace, ring):
-    """Every send goes to the next rank of ``ring`` (global ranks, in ring order), every recv comes from the previous."""
+    """Each send goes to the next rank of ``ring`` (global ranks, in ring order), each recv comes from the previous."""
     for i, rank in enumerate(ring):
         right, left = ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
         for op in trace.ops(rank):
@@ -186,8 +181,9 @@ def test_bytes_within_ring_bound(target, case, chunk_rows):
         for name, (bound, formula) in bounds.items():
             ops = trace.ops(rank, phase=name)
             if n == 1:
-                harness.check(not ops, f"{name} on a single rank issued {len(ops)} ops ({ops[0].describe() if ops else ''})"
-                              ": with one rank there is nobody to talk to, so it must send nothing", rank=rank)
+                harness.check(not ops, f"{name} on a single rank issued {len(ops)} ops "
+                              f"({ops[0].describe() if ops else ''}): with one rank there is nobody to talk to, "
+                              "so it must send nothing", rank=rank)
             sent = sum(op.in_bytes for op in ops if op.kind == "send")
             what = _describe(case) if name != "ring_all_gather" else f"a chunk of shape ({chunk_rows}, 2)"
             harness.check(sent <= bound,

@@ -6,11 +6,11 @@ harness's trace.
 """
 import torch
 import torch.distributed as dist
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 import harness
 from harness import strategies as hs
-from harness.models import mse, random_batches, random_mlp, shard, train_reference
+from harness.models import OptimizerSpec, mse, random_batches, random_mlp, shard, train_reference
 
 
 @st.composite
@@ -78,6 +78,8 @@ def _describe(case):
 
 @hs.fewer_examples(0.6)
 @given(accumulation_cases())
+@example(dict(world_size=3, widths=[3, 4, 2], k=3, micro=2, steps=2, optimizer=OptimizerSpec("SGD", {"lr": 0.1}),
+              seed=0))
 def test_train_step_matches_single_process(target, case):
     values, _ = _run_train(target, case)
     model = random_mlp(case["widths"], case["seed"])
