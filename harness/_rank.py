@@ -9,6 +9,7 @@ import ctypes
 import faulthandler
 import os
 import pickle
+import resource
 import signal
 import sys
 import traceback
@@ -54,8 +55,17 @@ def _dumps(obj) -> bytes:
         return cloudpickle.dumps(obj)
 
 
+def _bound_memory():
+    """Cap each rank's address space, so a runaway submission fails alone instead of swapping the machine."""
+    gigabytes = float(os.environ.get("HARNESS_RANK_MEMORY_GB", "16"))
+    if gigabytes > 0:
+        limit = int(gigabytes * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def rank_main(rank, world_size, backend, store_path, conn, files):
     _die_with_parent()
+    _bound_memory()
     stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(stderr_fd, 2)
     stack_file = open(files["stack"], "w")

@@ -90,3 +90,12 @@ def test_hidden_tests_folder(judge, tmp_path):
     assert [t["name"] for t in json.loads(out.stdout)["tests"]] == ["test_cap_of_one_byte"]
     out = judge(113, "--tests", tmp_path / "hidden")
     assert out.returncode == 1 and "not implemented yet" in out.stdout
+
+
+def test_trace_writes_chrome_events_and_show_draws_the_lanes(judge, tmp_path):
+    trace_file = tmp_path / "t.json"
+    out = judge(113, "--solution", "--trace", trace_file, "--show", "--seed", 4)
+    assert out.returncode == 0, out.stdout + out.stderr
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    assert any(e.get("name") == "all_reduce" and e.get("ph") == "X" for e in events)
+    assert "rank 0 comm" in out.stdout and "exposed" in out.stdout
