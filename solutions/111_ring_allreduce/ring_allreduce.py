@@ -41,7 +41,10 @@ def _all_gather_phase(chunks: list, ring: _Ring):
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    ring = _Ring(group)
+    return _all_reduce(tensor, _Ring(group))
+
+
+def _all_reduce(tensor: torch.Tensor, ring: _Ring) -> torch.Tensor:
     flat = tensor.flatten().clone()
     chunks = list(flat.tensor_split(ring.n))
     _reduce_scatter_phase(chunks, ring)

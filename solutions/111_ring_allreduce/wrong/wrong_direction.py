@@ -14,10 +14,4 @@ class _BackwardsRing(ref._Ring):
 
 
 def ring_all_reduce(tensor, group=None):
-    ring = _BackwardsRing(group)
-    flat = tensor.flatten().clone()
-    chunks = list(flat.tensor_split(ring.n))
-    ref._reduce_scatter_phase(chunks, ring)
-    ref._all_gather_phase(chunks, ring)
-    tensor.copy_(flat.view_as(tensor))
-    return tensor
+    return ref._all_reduce(tensor, _BackwardsRing(group))
