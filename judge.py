@@ -182,6 +182,7 @@ def cmd_hint(problem) -> int:
 
 
 def cmd_watch(problem, args) -> int:
+    import signal
     import subprocess
     path, target_args = _target(problem, args)
     cmd = [sys.executable, os.path.join(ROOT, "judge.py"), str(problem.number), *target_args, "--brief",
@@ -193,14 +194,33 @@ def cmd_watch(problem, args) -> int:
     print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop")
 
     def rejudge():
-        print("\n" + "─" * 60)
-        subprocess.run(cmd, cwd=ROOT)  # a fresh process each time, so edits are picked up
+        print("\n" + "─" * 60, flush=True)
+        # A fresh process each time, so edits are picked up.  Its own session: on Ctrl-C we
+        # interrupt it ourselves, and it takes its test process and ranks down before exiting.
+        child = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+        try:
+            child.wait()
+        except KeyboardInterrupt:
+            _signal_group(child.pid, signal.SIGINT)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                _signal_group(child.pid, signal.SIGKILL)
+                child.wait()
+            raise
 
     try:
         workflows.watch(path, rejudge)
     except KeyboardInterrupt:
         print("\nstopped watching")
     return EXIT_PASS
+
+
+def _signal_group(pid: int, sig):
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:  # it had already finished
+        pass
 
 
 def cmd_trace(problem, args) -> int:

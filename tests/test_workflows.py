@@ -102,7 +102,7 @@ def test_watch_command_runs_a_fresh_judge_and_exits_cleanly_on_ctrl_c(tmp_path):
             seen += line
         assert "score: 2/2" in seen, seen
         os.killpg(proc.pid, signal.SIGINT)
-        rest, _ = proc.communicate(timeout=30)
+        rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
