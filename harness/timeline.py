@@ -51,6 +51,7 @@ def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward")
         return [("(no phases or communication recorded)\n", "")]
     t_end = max(e["ts"] + e["dur"] for e in spans) or 1.0
     scale = (width - 1) / t_end
+    letters = _phase_letters(sorted({e["name"].split(" ")[0] for e in spans if e["tid"] == 0}))
     pieces = []
     for rank in sorted({e["pid"] for e in spans}):
         mine = [e for e in spans if e["pid"] == rank]
@@ -60,7 +61,7 @@ def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward")
         for e in mine:
             a, b = int(e["ts"] * scale), max(int((e["ts"] + e["dur"]) * scale), int(e["ts"] * scale) + 1)
             lane = compute if e["tid"] == 0 else comm
-            mark = e["name"][0].upper() if e["tid"] == 0 else "="
+            mark = letters.get(e["name"].split(" ")[0], "?") if e["tid"] == 0 else "="
             for x in range(a, min(b, width)):
                 lane[x] = mark
         pieces.append((f"rank {rank} compute |", "bold"))
@@ -71,6 +72,16 @@ def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward")
         pieces.append((hidden, "green"))
         pieces.append((exposed + "\n", "bold red"))
     pieces.append((f"{'':15}0{'':>{width - 12}}{t_end / 1000:.2f} ms\n", "dim"))
-    pieces.append(("compute: first letter of each phase; comm: '=' hidden behind backward, "
+    legend = ", ".join(f"{letter} {name}" for name, letter in letters.items())
+    pieces.append((f"compute: {legend or 'no phases marked'}; comm: '=' hidden behind backward, "
                    "'!' exposed after it\n", "dim"))
     return pieces
+
+
+def _phase_letters(names: list) -> dict:
+    """A distinct letter per phase name: its first free letter, so 'ring_a' and 'ring_b' differ."""
+    letters = {}
+    for name in names:
+        candidates = [c.upper() for c in name if c.isalpha()] + list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        letters[name] = next(c for c in candidates if c not in letters.values())
+    return letters
