@@ -39,7 +39,7 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(Text(f"{p.number} · {p.display_title}", style="bold"))
         con.print(Text(f"target: {_relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}",
                        style="dim"))
-        table = Table(show_edge=False, box=None if not con.is_terminal else None, pad_edge=False)
+        table = Table(show_edge=False, box=None, pad_edge=False)
         table.add_column("test")
         table.add_column("points", justify="right")
         table.add_column("result")
