@@ -19,6 +19,8 @@ import signal
 import sys
 import tempfile
 import time
+import types
+from collections import ChainMap
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -32,6 +34,28 @@ from .trace import CommOp, PhaseSpan, Trace
 
 DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "5"))
 _START_TIMEOUT = 60.0
+_WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
+_GB = 2**30
+
+
+def default_memory_limit_gb(world_size: int) -> float:
+    """Each rank's resident-memory limit: HARNESS_RANK_MEMORY_GB, else the smaller of 8 GB and
+    three quarters of this machine's memory shared by the world's ranks (a runaway submission
+    usually runs away on every rank at once)."""
+    override = os.environ.get("HARNESS_RANK_MEMORY_GB")
+    if override:
+        return float(override)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _GB
+    return min(8.0, 0.75 * physical / world_size)
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident set size, from /proc (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 _CTX = CONTEXT
 
 
@@ -95,6 +119,7 @@ class World:
                       for r in range(world_size)]
         self.conns, self.procs = [], []
         self.sent_fns = set()
+        self.over_memory: dict[int, tuple] = {}   # rank -> (bytes used, limit) when the watchdog ended it
         store = os.path.join(self.dir, "store")
         for r in range(world_size):
             parent, child = _CTX.Pipe()
@@ -106,10 +131,17 @@ class World:
             self.procs.append(p)
         deadline = time.monotonic() + _START_TIMEOUT
         for r, c in enumerate(self.conns):
-            if not c.poll(max(0.0, deadline - time.monotonic())) or c.recv_bytes() != b"ready":
-                self.close()
-                raise RankCrashed(f"rank {r} failed to start:\n{self._stderr(r)}", r, self.procs[r].exitcode,
-                                  self._stderr(r))
+            try:
+                ready = c.poll(max(0.0, deadline - time.monotonic())) and c.recv_bytes() == b"ready"
+            except (EOFError, OSError):   # it died before saying ready: say how, with its stderr
+                ready = False
+            if not ready:
+                self.procs[r].join(1.0)
+                code, stderr = self.procs[r].exitcode, self._stderr(r)
+                self.kill()
+                how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
+                message = _diagnose.crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
+                raise RankCrashed(message, r, code, stderr)
 
     def close(self):
         for c in self.conns:
@@ -178,12 +210,20 @@ class World:
                 stacks.append("")
         return stacks
 
-    def call(self, fn, args, kwargs, policy: Policy, timeout: float) -> RunResult:
+    def watch_memory(self, limit_gb: float):
+        """End any rank whose resident memory is over the limit; the call then reports it as a crash."""
+        for r, p in enumerate(self.procs):
+            used = resident_bytes(p.pid)
+            if used > limit_gb * _GB and p.is_alive():
+                self.over_memory[r] = (used, limit_gb)
+                p.kill()
+
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> RunResult:
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
         token = os.urandom(16)  # a reply without it was not written by the rank loop
         try:
-            fn_bytes = None if fn_key in self.sent_fns else cloudpickle.dumps(fn)
+            fn_bytes = None if fn_key in self.sent_fns else _dump_function(fn)
             payload = _dumps((token, fn_key, fn_bytes, args, kwargs, policy))
         except Exception as e:
             error = TypeError(f"harness.run cannot send {getattr(fn, '__qualname__', fn)} and its arguments "
@@ -200,9 +240,13 @@ class World:
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
-            ready = mpc.wait(list(pending) + list(sentinels), max(0.0, wait_until - time.monotonic()))
+            left = wait_until - time.monotonic()
+            ready = mpc.wait(list(pending) + list(sentinels), max(0.0, min(left, _WATCH_INTERVAL)))
             if not ready:
-                break
+                if left <= _WATCH_INTERVAL:
+                    break
+                self.watch_memory(memory_gb)
+                continue
             for obj in ready:
                 if obj in sentinels:
                     r = sentinels.pop(obj)
@@ -264,6 +308,11 @@ class World:
         code = self.procs[rank].exitcode
         stderr = self._stderr(rank)
         self.kill()
+        if rank in self.over_memory:
+            used, limit = self.over_memory[rank]
+            return RankCrashed(f"rank {rank} used {used / _GB:.2f} GB (limit {limit:g} GB): the harness ended it. "
+                               "Something allocates without bound (a growing list of tensors, a loop that "
+                               "never ends, a shape off by a large factor?)", rank, code, stderr)
         return RankCrashed(_diagnose.crash_message(rank, code, stderr), rank, code, stderr)
 
     def _hang(self, timeout: float, stuck: list) -> HangError:
@@ -323,6 +372,23 @@ def _size(path: str) -> int:
 _FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
 
 
+def _code_keeping_its_file(code: types.CodeType):
+    """cloudpickle 3 ships code by value under the file name ``<dynamic-code>``; keep the real one, so
+    trace sites, tracebacks and hang reports name ``test_x.py:15`` under every cloudpickle version."""
+    rebuild, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return rebuild, tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a for a in args)
+
+
+class _FunctionPickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_keeping_its_file}, cloudpickle.Pickler.dispatch_table)
+
+
+def _dump_function(fn) -> bytes:
+    buffer = io.BytesIO()
+    _FunctionPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
+    return buffer.getvalue()
+
+
 def _dumps(obj) -> bytes:
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -375,11 +441,11 @@ def _rank_error(errors: dict, world_size: int) -> BaseException:
 _WORLDS: dict[tuple, World] = {}
 
 
-_DEFAULTS = {"forbid": (), "allow": None, "timeout": None, "stop_on_hang": False}
+_DEFAULTS = {"forbid": (), "allow": None, "timeout": None, "stop_on_hang": False, "memory_gb": None}
 
 
 @contextmanager
-def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=None):
+def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=None, memory_gb=None):
     """Set the policy and timeout that ``run`` uses when a call gives none (the problem's, from problems.yaml).
 
     ``stop_on_hang`` raises hangs as ``HangStopped`` (a BaseException), so hypothesis reports
@@ -387,7 +453,7 @@ def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=No
     """
     saved = dict(_DEFAULTS)
     _DEFAULTS.update(forbid=tuple(forbid or ()), allow=allow, timeout=timeout, stop_on_hang=stop_on_hang,
-                     backend=backend)
+                     backend=backend, memory_gb=memory_gb)
     try:
         yield
     finally:
@@ -395,13 +461,14 @@ def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=No
 
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
-        backend: str | None = None, **kwargs) -> RunResult:
+        backend: str | None = None, memory_gb: float | None = None, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
     ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
     raises ``ForbiddenOp``.  Raises ``RankError`` (``NotImplementedYet`` for a
-    stub), ``RankCrashed`` or ``HangError``.
+    stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
+    or ``HangError``.
     """
     if not 1 <= world_size <= 64:
         raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
@@ -415,8 +482,9 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     _register_by_value(fn)
     policy = Policy(_DEFAULTS["forbid"] if forbid is None else forbid, _DEFAULTS["allow"] if allow is None else allow)
     timeout = timeout or _DEFAULTS["timeout"] or DEFAULT_TIMEOUT
+    memory_gb = memory_gb or _DEFAULTS["memory_gb"] or default_memory_limit_gb(world_size)
     try:
-        result = world.call(fn, args, kwargs, policy, timeout)
+        result = world.call(fn, args, kwargs, policy, timeout, memory_gb)
         timeline.save_if_asked(result.trace)
         return result
     except BaseException as error:

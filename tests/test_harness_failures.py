@@ -75,6 +75,29 @@ def test_a_dying_rank_is_reported_with_its_signal_or_code(fn, rank, how):
     assert_fresh_world_works(2, before)
 
 
+def allocate_without_bound():
+    hoard = []
+    while True:
+        hoard.append(torch.ones(2**25))   # 128 MB at a time, each page touched
+
+
+def test_the_memory_guard_ends_a_rank_that_allocates_without_bound():
+    before = pids(2)
+    start = time.monotonic()
+    with pytest.raises(harness.RankCrashed, match=r"rank [01] used \d+\.\d+ GB \(limit 0\.5 GB\)") as info:
+        harness.run(allocate_without_bound, 2, timeout=60, memory_gb=0.5)
+    assert time.monotonic() - start < 30, "the guard should end the rank long before the call's timeout"
+    assert "allocates without bound" in str(info.value)
+    assert_fresh_world_works(2, before)   # the next call works, on a fresh world
+
+
+def test_a_rank_that_dies_while_starting_says_why():
+    with pytest.raises(harness.RankCrashed, match=r"rank 0 failed to start: exited with code 1") as info:
+        harness.run(_all_reduce_once, 1, backend="no_such_backend", timeout=30)
+    assert "no_such_backend" in str(info.value), str(info.value)   # its stderr, not a bare EOFError
+    assert harness.run(_all_reduce_once, 1, timeout=30).values == [None]
+
+
 # ---- hangs --------------------------------------------------------------------------------------
 
 def recv_recv():
