@@ -2,7 +2,8 @@
 
 Public API -- problems use only these names:
 
-    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=) -> RunResult(values, trace)
+    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=) -> RunResult(values, trace)
+    per_rank(values)              an argument of run that rank r receives as values[r], and no other rank sees
     phase(name, step=None)        mark a region inside a rank function
     device()                      this rank's device (cuda:rank under NCCL, else cpu)
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
@@ -14,7 +15,7 @@ Names load lazily, so ``judge.py`` can use the catalogue without importing torch
 import importlib
 
 _EXPORTS = {
-    "run": "runner", "RunResult": "runner", "pick_backend": "runner", "shutdown": "runner",
+    "run": "runner", "per_rank": "runner", "RunResult": "runner", "pick_backend": "runner", "shutdown": "runner",
     "phase": "_tracer",
     "device": "target", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",

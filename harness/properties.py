@@ -44,7 +44,17 @@ def assert_close(actual, expected, what: str, rank=None, step=None, atol: float 
         diff = (a - e).abs().nan_to_num(nan=float("inf"))
         flat = int(torch.nonzero(bad.flatten())[0])
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape)) if actual.dim() else ()
+        got, want = a.flatten()[flat].item(), e.flatten()[flat].item()
+        digits = _digits_to_tell_apart(got, want)
         raise PropertyFailed(
             f"{prefix}: {int(bad.sum())} of {actual.numel()} values differ; max abs diff "
-            f"{float(diff.max()):.3g}; first mismatch at index {index}: got {a.flatten()[flat].item():.6g}, "
-            f"expected {e.flatten()[flat].item():.6g} ({tolerance})")
+            f"{float(diff.max()):.3g}; first mismatch at index {index}: got {got:.{digits}g}, "
+            f"expected {want:.{digits}g} ({tolerance})")
+
+
+def _digits_to_tell_apart(got: float, want: float) -> int:
+    """Enough significant digits that the two printed numbers differ (6 when that is already enough)."""
+    for digits in range(6, 18):
+        if f"{got:.{digits}g}" != f"{want:.{digits}g}":
+            return digits
+    return 17

@@ -88,6 +88,35 @@ class _RankProcess(_CTX.Process):
         return _Popen(process_obj)
 
 
+class PerRank:
+    """An argument that differs by rank: rank r receives ``values[r]`` and never sees the others.
+
+    ``harness.run(fn, 4, target, harness.per_rank(shards))`` calls ``fn(target, shards[r])`` on rank r,
+    so one rank's code cannot read another rank's inputs (or derive the answer from them).
+    """
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __repr__(self):
+        return f"per_rank({self.values!r})"
+
+
+def per_rank(values) -> PerRank:
+    return PerRank(values)
+
+
+def _own_inputs(args, kwargs, rank: int, world_size: int):
+    """This rank's view of a call's arguments: each ``PerRank`` replaced by its own entry."""
+    def own(value):
+        if not isinstance(value, PerRank):
+            return value
+        if len(value.values) != world_size:
+            raise ValueError(f"per_rank(...) holds {len(value.values)} values for a world of {world_size} ranks")
+        return value.values[rank]
+    return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
+
+
 @dataclass
 class RunResult:
     values: list          # each rank's return value, by rank
@@ -224,14 +253,15 @@ class World:
         token = os.urandom(16)  # a reply without it was not written by the rank loop
         try:
             fn_bytes = None if fn_key in self.sent_fns else _dump_function(fn)
-            payload = _dumps((token, fn_key, fn_bytes, args, kwargs, policy))
+            payloads = [_dumps((token, fn_key, fn_bytes, *_own_inputs(args, kwargs, r, self.world_size), policy))
+                        for r in range(self.world_size)]
         except Exception as e:
             error = TypeError(f"harness.run cannot send {getattr(fn, '__qualname__', fn)} and its arguments "
                               f"to the ranks: {type(e).__name__}: {e}")
             error.world_reusable = True   # nothing was sent: the world is as it was
             raise error from e
         self.sent_fns.add(fn_key)
-        for c in self.conns:
+        for c, payload in zip(self.conns, payloads):
             c.send_bytes(payload)
         replies: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
