@@ -8,6 +8,7 @@ Public API -- problems use only these names:
     device()                      this rank's device (cuda:rank under NCCL, else cpu)
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
     assert_close, check, PropertyFailed      plain-words property checks
+    live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
     errors: HangError, RankError, NotImplementedYet, RankCrashed, ForbiddenOp, TraceTampered, TargetError
 
 Names load lazily, so ``judge.py`` can use the catalogue without importing torch.
@@ -19,6 +20,7 @@ _EXPORTS = {
     "phase": "_tracer",
     "device": "target", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
+    "live_tensor_bytes": "memory", "live_storages": "memory", "saved_for_backward": "memory",
     "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace",
     "HarnessError": "errors", "HangError": "errors", "RankError": "errors", "NotImplementedYet": "errors",
     "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors", "TargetError": "errors",

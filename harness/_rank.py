@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import traceback
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
-from . import _tracer
+from . import _tracer, wire
 from .errors import ForbiddenOp, TraceTampered
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -48,13 +47,6 @@ def _user_frames(tb) -> list:
     return frames
 
 
-def _dumps(obj) -> bytes:
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return cloudpickle.dumps(obj)
-
-
 def _quiet_renamed_collectives():
     """torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (``*_single``) and warns on the
     old names; the kit keeps the old ones because they exist on every torch it supports."""
@@ -62,7 +54,7 @@ def _quiet_renamed_collectives():
                             category=FutureWarning)
 
 
-def rank_main(rank, world_size, backend, store_path, conn, files):
+def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
     # stderr first: whatever goes wrong from here on is shown in the RankCrashed message
     stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(stderr_fd, 2)
@@ -70,14 +62,13 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
     _quiet_renamed_collectives()
     stack_file = open(files["stack"], "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
-    flight_fd = os.open(files["flight"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
-    recorder = _tracer.install(rank, flight_fd)
+    recorder = _tracer.install(rank, record_conn.fileno())   # records stream to the test process as issued
     verify_tracer = _tracer.integrity_snapshot()  # taken before any learner code runs
     world_group = dist.group.WORLD
     conn.send_bytes(b"ready")
@@ -89,42 +80,24 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
             break
         if payload == b"stop":
             break
-        token = None
-        try:
-            token, fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
-            if fn_bytes is not None:
-                functions[fn_key] = cloudpickle.loads(fn_bytes)
-            fn = functions[fn_key]
-            recorder.reset(policy)
-            value = fn(*args, **kwargs)
-            if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
-                raise ForbiddenOp(recorder.policy.refused)
-            verify_tracer()
-            recorder.check_untampered()
-            ops, phases = recorder.export()
-            reply = ("ok", value, ops, phases)
-        except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
-            ops, phases = recorder.export()
-            if recorder.policy.refused and not isinstance(exc, (ForbiddenOp, TraceTampered)):
-                exc = ForbiddenOp(recorder.policy.refused)  # the refusal is the root cause, however it surfaced
-            kind = "forbidden" if isinstance(exc, ForbiddenOp) else \
-                "tampered" if isinstance(exc, TraceTampered) else "error"
-            reply = (kind, (type(exc).__name__, str(exc), _user_frames(exc.__traceback__)), ops, phases)
+        reply = _run_task(payload, functions, recorder, verify_tracer)
         if not dist.is_initialized() or dist.group.WORLD is not world_group:
             # Tutorial-style cleanup (destroy_process_group) would break every later call on this
             # world: fail this call in plain words, and the runner replaces the world.
-            cause = "" if reply[0] == "ok" else f" (it then raised {reply[1][0]}: {reply[1][1]})"
-            reply = ("broken", ("RuntimeError", "the code destroyed or replaced the default process group"
-                                f"{cause}; the harness creates it and owns it: do not call init_process_group "
-                                "or destroy_process_group in code run by harness.run", []), reply[2], reply[3], True)
+            cause = "" if reply["status"] == "ok" else f" (it then raised {reply['error'][0]}: {reply['error'][1]})"
+            reply.update(status="broken", retire=True, error=(
+                "RuntimeError", "the code destroyed or replaced the default process group"
+                f"{cause}; the harness creates it and owns it: do not call init_process_group "
+                "or destroy_process_group in code run by harness.run", []))
         elif len(dist.distributed_c10d._world.pg_map) > _MAX_GROUPS:
-            reply = (*reply[:4], True)   # calls left groups behind: retire this world rather than let them pile up
+            reply["retire"] = True   # calls left groups behind: retire this world rather than let them pile up
         try:
-            data = _dumps((token, reply))
-        except Exception as exc:  # an unpicklable return value
-            data = cloudpickle.dumps((token, ("error", (type(exc).__name__,
-                                                        f"the rank function's return value cannot be sent back: {exc}",
-                                                        []), [], [])))
+            data = wire.encode(reply)
+        except wire.WireError as exc:  # a return value that is not plain data
+            problem = str(exc).replace("reply['value']", "the return value", 1)
+            reply.update(status="error", value=None, error=(
+                "TypeError", f"the rank function's return value cannot be sent back: {problem}", []))
+            data = wire.encode(reply)
         conn.send_bytes(data)
     try:
         dist.destroy_process_group()
@@ -132,3 +105,27 @@ def rank_main(rank, world_size, backend, store_path, conn, files):
         pass
     sys.stderr.flush()
     os._exit(0)
+
+
+def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> dict:
+    """Run one call; the reply is plain data (see ``wire``): status, value or error, and the op count."""
+    reply = {"token": None, "status": "ok", "value": None, "error": None, "retire": False}
+    try:
+        token, fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
+        reply["token"] = token
+        if fn_bytes is not None:
+            functions[fn_key] = cloudpickle.loads(fn_bytes)
+        recorder.reset(policy)
+        reply["value"] = functions[fn_key](*args, **kwargs)
+        if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
+            raise ForbiddenOp(recorder.policy.refused)
+        verify_tracer()
+        recorder.check_untampered()
+    except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
+        if recorder.policy.refused and not isinstance(exc, (ForbiddenOp, TraceTampered)):
+            exc = ForbiddenOp(recorder.policy.refused)  # the refusal is the root cause, however it surfaced
+        reply.update(value=None, error=(type(exc).__name__, str(exc), _user_frames(exc.__traceback__)),
+                     status="forbidden" if isinstance(exc, ForbiddenOp) else
+                     "tampered" if isinstance(exc, TraceTampered) else "error")
+    reply["ops_traced"] = len(recorder.ops)
+    return reply

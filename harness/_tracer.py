@@ -31,6 +31,7 @@ from .errors import ForbiddenOp, TraceTampered
 from .trace import COLLECTIVE_KINDS, P2P_KINDS
 
 _KNOWN_KINDS = frozenset(COLLECTIVE_KINDS + P2P_KINDS)
+_FLIGHT_LOCK = threading.Lock()
 
 _C10D = torch._C._distributed_c10d
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -132,16 +133,19 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.policy = policy or Policy()
         self.seq_start = _sequence_numbers()
-        if self.flight_fd is not None:
-            os.ftruncate(self.flight_fd, 0)
-            os.lseek(self.flight_fd, 0, os.SEEK_SET)
+        self.flight(ev="call")
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
     def flight(self, **event):
+        """Stream one event to the test process at once (a pipe): what is sent cannot be taken back, and
+        the test process builds its trace from this stream, not from the rank's own lists."""
         if self.flight_fd is not None:
-            os.write(self.flight_fd, (json.dumps(event) + "\n").encode())
+            data = (json.dumps(event) + "\n").encode()
+            with _FLIGHT_LOCK:   # autograd threads issue ops too: lines must not interleave
+                while data:
+                    data = data[os.write(self.flight_fd, data):]
 
     def site(self):
         frame = _user_frame(sys._getframe(2))
@@ -182,8 +186,7 @@ class Recorder:
             "_pg": _group_name(pg),
         }
         self.ops.append(op)
-        self.flight(ev="issue", i=op["index"], kind=kind, peer=peer, shapes=op["shapes"],
-                    site=site, group=op["group"])
+        self.flight(ev="issue", i=op["index"], op=self.exported(op))
         return op
 
     def bind(self, op: dict, out):
@@ -204,21 +207,20 @@ class Recorder:
         op["blocking"] = op["_frame"] is not None and frame is not None and \
             (id(frame), frame.f_lasti) == op["_frame"]
         op["wait_start"] = self.now()
-        self.flight(ev="wait", i=op["index"])
+        self.flight(ev="wait", i=op["index"], op=self.exported(op))
         return op
 
     def waited(self, op):
         op["wait_end"] = self.now()
-        self.flight(ev="done", i=op["index"])
+        self.flight(ev="done", i=op["index"], op=self.exported(op))
+
+    @staticmethod
+    def exported(op: dict) -> dict:
+        """The op as the test process sees it: without the rank-local bookkeeping fields."""
+        return {k: v for k, v in op.items() if not k.startswith("_")}
 
     def export(self):
-        ops = []
-        for op in self.ops:
-            op = dict(op)
-            op.pop("_frame", None)
-            op.pop("_pg", None)
-            ops.append(op)
-        return ops, [dict(p) for p in self.phases]
+        return [self.exported(op) for op in self.ops], [dict(p) for p in self.phases]
 
     def check_untampered(self):
         """Compare traced op counts with gloo's own sequence counters (C++, out of Python's reach)."""
@@ -333,6 +335,7 @@ def install(rank: int, flight_fd: int | None) -> Recorder:
                 "splits": None, "phase": None, "step": None, "site": _RECORDER.site()[1],
                 "issued_at": _RECORDER.now(), "wait_start": None, "wait_end": None,
                 "blocking": None, "_frame": None})
+            _RECORDER.flight(ev="issue", i=len(_RECORDER.ops) - 1, op=_RECORDER.exported(_RECORDER.ops[-1]))
         return original_monitored_barrier(self, *args, **kwargs)
 
     _C10D.ProcessGroup.monitored_barrier = monitored_barrier
@@ -398,8 +401,11 @@ def phase(name: str, step: int | None = None):
     span = {"rank": _RECORDER.rank, "name": name, "step": step, "start": _RECORDER.now(), "end": None}
     _RECORDER.phases.append(span)
     _RECORDER.phase_stack.append(span)
+    index = len(_RECORDER.phases) - 1
+    _RECORDER.flight(ev="phase", k=index, span=dict(span))
     try:
         yield
     finally:
         _RECORDER.phase_stack.remove(span)
         span["end"] = _RECORDER.now()
+        _RECORDER.flight(ev="phase", k=index, span=dict(span))

@@ -11,6 +11,7 @@ import atexit
 import json
 import multiprocessing.connection as mpc
 from multiprocessing import popen_forkserver, spawn
+import importlib
 import io
 import os
 import pickle
@@ -18,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import dataclasses
 import time
 import types
 from collections import ChainMap
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from . import _diagnose, timeline
+from . import _diagnose, timeline, wire
 from ._boot import CONTEXT
 from ._tracer import Policy
 from .errors import ForbiddenOp, HangError, HangStopped, NotImplementedYet, RankCrashed, RankError, TraceTampered
@@ -144,18 +146,21 @@ class World:
     def __init__(self, world_size: int, backend: str):
         self.world_size, self.backend = world_size, backend
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
-        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "flight")}
+        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack")}
                       for r in range(world_size)]
         self.conns, self.procs = [], []
+        self.records = [_RecordStream() for _ in range(world_size)]   # each rank's ops, streamed as issued
         self.sent_fns = set()
         self.over_memory: dict[int, tuple] = {}   # rank -> (bytes used, limit) when the watchdog ended it
         store = os.path.join(self.dir, "store")
         for r in range(world_size):
             parent, child = _CTX.Pipe()
-            p = _RankProcess(target=_rank_entry, args=(r, world_size, backend, store, child, self.files[r]),
+            p = _RankProcess(target=_rank_entry, args=(r, world_size, backend, store, child,
+                                                       self.records[r].writer, self.files[r]),
                              daemon=True, name=f"harness-rank{r}")
             p.start()
             child.close()
+            self.records[r].started()
             self.conns.append(parent)
             self.procs.append(p)
         deadline = time.monotonic() + _START_TIMEOUT
@@ -187,6 +192,8 @@ class World:
                 p.join(1.0)
         for c in self.conns:
             c.close()
+        for stream in self.records:
+            stream.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.procs, self.conns = [], []
 
@@ -205,12 +212,6 @@ class World:
         except OSError:
             return ""
 
-    def _flight(self, rank: int) -> list:
-        try:
-            with open(self.files[rank]["flight"]) as f:
-                return [json.loads(line) for line in f if line.strip()]
-        except (OSError, ValueError):
-            return []
 
     def _stacks(self) -> list:
         """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
@@ -261,23 +262,31 @@ class World:
             error.world_reusable = True   # nothing was sent: the world is as it was
             raise error from e
         self.sent_fns.add(fn_key)
+        for stream in self.records:
+            stream.drain()
+            stream.clear()
         for c, payload in zip(self.conns, payloads):
             c.send_bytes(payload)
-        replies: dict[int, tuple] = {}
+        replies: dict[int, dict] = {}
         deadline = time.monotonic() + timeout
         first_error_at = None
         pending = {c: r for r, c in enumerate(self.conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        streams = {stream.reader: stream for stream in self.records}
         while pending:
             wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
             left = wait_until - time.monotonic()
-            ready = mpc.wait(list(pending) + list(sentinels), max(0.0, min(left, _WATCH_INTERVAL)))
+            ready = mpc.wait(list(pending) + list(sentinels) + list(streams), max(0.0, min(left, _WATCH_INTERVAL)))
+            for obj in [o for o in ready if o in streams]:
+                streams[obj].drain()   # a full pipe would block the rank: read as it comes
             if not ready:
                 if left <= _WATCH_INTERVAL:
                     break
                 self.watch_memory(memory_gb)
                 continue
             for obj in ready:
+                if obj in streams:
+                    continue
                 if obj in sentinels:
                     r = sentinels.pop(obj)
                     obj = self.conns[r]
@@ -294,12 +303,15 @@ class World:
                         # would leave an always-ready pipe in the wait set: a busy loop forever.)
                         raise self._crash(r) from None
                     del pending[obj]
-                    if replies[r][0] != "ok" and first_error_at is None:
+                    if replies[r]["status"] != "ok" and first_error_at is None:
                         first_error_at = time.monotonic()
+        for stream in self.records:
+            stream.drain()
         if pending and first_error_at is None:
             raise self._hang(timeout, sorted(pending.values()))
-        errors = {r: rep for r, rep in replies.items() if rep[0] != "ok"}
-        retire = any(len(rep) > 4 and rep[4] for rep in replies.values())   # a rank asks for a fresh world
+        ops = [stream.ops(r) for r, stream in enumerate(self.records)]
+        errors = {r: rep for r, rep in replies.items() if rep["status"] != "ok"}
+        retire = any(rep["retire"] for rep in replies.values())   # a rank asks for a fresh world
         if errors:
             dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
             if dead and all(_is_gloo_fallout(rep) for rep in errors.values()):
@@ -308,23 +320,43 @@ class World:
             # Every rank returned and their ops pair up: nothing is left in flight, so the
             # world is reusable (a stub fails every example; rebuilding each time is slow).
             error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
-                                    and _ops_balanced([rep[2] for _, rep in sorted(replies.items())]))
+                                    and _ops_balanced(ops))
             if not error.world_reusable:
                 self.kill()
             raise error
-        trace = Trace([[CommOp(**op) for op in replies[r][2]] for r in range(self.world_size)],
-                      [[PhaseSpan(**p) for p in replies[r][3]] for r in range(self.world_size)])
+        try:
+            self._check_record(ops, replies, policy)
+        except BaseException:
+            self.kill()
+            raise
+        trace = Trace([[_comm_op(op) for op in rank_ops] for rank_ops in ops],
+                      [[PhaseSpan(**span) for span in stream.phases()] for stream in self.records])
         if retire:
             self.close()   # ``run`` builds a fresh world for the next call
-        return RunResult([replies[r][1] for r in range(self.world_size)], trace)
+        return RunResult([replies[r]["value"] for r in range(self.world_size)], trace)
 
-    def _reply(self, rank: int, data: bytes, token: bytes):
+    def _check_record(self, ops: list, replies: dict, policy: Policy):
+        """The test process's own checks of what the ranks streamed: code in a rank that clears its policy
+        or edits its tracer's lists after the fact changes nothing here."""
+        for r, rank_ops in enumerate(ops):
+            if len(rank_ops) != replies[r]["ops_traced"]:
+                raise TraceTampered(f"rank {r} streamed {len(rank_ops)} op records but its tracer holds "
+                                    f"{replies[r]['ops_traced']}: something wrote to, or edited, the harness's record")
+            for op in rank_ops:
+                try:
+                    policy.check(op["kind"], op["site"])
+                except ForbiddenOp as e:
+                    raise ForbiddenOp(f"rank {r}: {e}") from None
+
+    def _reply(self, rank: int, data: bytes, token: bytes) -> dict:
         try:
-            token_back, reply = _SafeUnpickler(io.BytesIO(data)).load()
-        except pickle.UnpicklingError as e:
+            reply = wire.decode(data)
+            if not isinstance(reply, dict) or set(reply) != _REPLY_FIELDS:
+                raise wire.WireError(f"a reply with fields {sorted(reply) if isinstance(reply, dict) else reply!r}")
+        except wire.WireError as e:
             self.kill()
-            raise RankError(rank, "UnpicklingError", str(e), [], self.world_size) from None
-        if token_back != token:
+            raise TraceTampered(f"rank {rank} sent a reply that the harness's rank loop did not write: {e}") from None
+        if reply["token"] != token:
             self.kill()
             raise TraceTampered(f"rank {rank} sent a reply that the harness's rank loop did not write")
         if self.conns[rank].poll(0):
@@ -347,7 +379,9 @@ class World:
 
     def _hang(self, timeout: float, stuck: list) -> HangError:
         stacks = self._stacks()
-        flights = [self._flight(r) for r in range(self.world_size)]
+        for stream in self.records:
+            stream.drain()
+        flights = [stream.events() for stream in self.records]
         self.kill()
         where = {r: _diagnose.blocking_line(stacks[r]) for r in range(self.world_size)}
         diagnosis = _diagnose.diagnose_hang(flights, stuck, where)
@@ -355,41 +389,92 @@ class World:
                          where, diagnosis, timeout)
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Replies come from processes that ran learner code: unpickle plain data and tensors only.
+_REPLY_FIELDS = {"token", "status", "value", "error", "retire", "ops_traced"}
+_OP_FIELDS = {f.name for f in dataclasses.fields(CommOp)}
 
-    A pickle can name any callable; refusing the rest keeps learner code out of the test process.
+
+class _RecordStream:
+    """One rank's op records, streamed over a pipe as they are issued (``_tracer.Recorder.flight``).
+
+    The test process builds each call's trace from this stream, so a rank cannot take back or edit
+    a record once its op has run.
     """
 
-    _ALLOWED = {
-        "builtins": {"set", "frozenset", "complex", "slice", "range", "bytearray", "list", "dict", "tuple",
-                     "int", "float", "str", "bool", "bytes"},
-        "collections": {"OrderedDict", "defaultdict", "deque"},
-        "copyreg": {"_reconstructor"},
-        "torch": {"Size", "device", "Tensor", "finfo", "iinfo"},
-        "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter",
-                         "_rebuild_parameter_with_state"},
-        "torch._tensor": {"_rebuild_from_type_v2"},
-        "torch.storage": {"_load_from_bytes", "UntypedStorage", "TypedStorage"},
-        "torch.nn.parameter": {"Parameter"},
-        "numpy": {"ndarray", "dtype"},
-        "numpy.core.multiarray": {"_reconstruct", "scalar"},
-        "numpy._core.multiarray": {"_reconstruct", "scalar"},
-        "numpy.core.numeric": {"_frombuffer"},
-        "numpy._core.numeric": {"_frombuffer"},
-        "harness.trace": {"CommOp", "PhaseSpan", "Trace"},
-        "harness.models": {"OptimizerSpec"},
-    }
+    def __init__(self):
+        self.reader, self.writer = _CTX.Pipe(duplex=False)
+        self.buffer = bytearray()
 
-    def find_class(self, module, name):
-        import torch
-        allowed = name in self._ALLOWED.get(module, ()) or (
-            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        if allowed:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"its reply contains {module}.{name}, which the test process refuses to unpickle: rank functions "
-            "must return plain data (numbers, strings, lists, dicts, tuples, tensors)")
+    def started(self):
+        self.writer.close()   # the rank holds the only writer now
+
+    def close(self):
+        self.reader.close()
+
+    def drain(self):
+        try:
+            while self.reader.poll(0):
+                chunk = os.read(self.reader.fileno(), 1 << 20)
+                if not chunk:
+                    break   # the rank is gone
+                self.buffer += chunk
+        except OSError:
+            pass
+
+    def clear(self):
+        self.buffer.clear()
+
+    def raw_events(self) -> list:
+        events = []
+        for line in bytes(self.buffer).split(b"\n"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("ev") == "call":
+                events = []   # only the current call's events count
+            elif isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def events(self) -> list:
+        """The events in the form the hang diagnosis reads: issue events carry the op's fields."""
+        return [{**ev.get("op", {}), "ev": "issue", "i": ev.get("i")} if ev.get("ev") == "issue" else ev
+                for ev in self.raw_events()]
+
+    def ops(self, rank: int) -> list[dict]:
+        ops: dict[int, dict] = {}
+        for ev in self.raw_events():
+            if ev.get("ev") in ("issue", "wait", "done") and isinstance(ev.get("op"), dict):
+                if ev["ev"] != "issue" and ev.get("i") not in ops:
+                    raise TraceTampered(f"rank {rank}'s record stream updates op {ev.get('i')} before issuing it")
+                ops[ev.get("i")] = _normalised_op(ev["op"], rank)
+        if set(ops) != set(range(len(ops))):
+            raise TraceTampered(f"rank {rank}'s record stream numbers its ops {sorted(map(str, ops))}, "
+                                f"not 0..{len(ops) - 1}")
+        return [ops[i] for i in range(len(ops))]
+
+    def phases(self) -> list[dict]:
+        spans = {ev.get("k"): ev.get("span") for ev in self.raw_events() if ev.get("ev") == "phase"}
+        return [spans[k] for k in sorted(spans, key=lambda k: (not isinstance(k, int), str(k)))]
+
+
+def _normalised_op(op: dict, rank: int) -> dict:
+    """A streamed record, with JSON's lists turned back into the tuples a CommOp holds."""
+    if op.get("rank") != rank or not isinstance(op.get("group"), list):
+        raise TraceTampered(f"rank {rank} streamed a malformed op record {str(op)[:200]}")
+    op = {k: v for k, v in op.items() if k in _OP_FIELDS}
+    op["group"] = tuple(op["group"])
+    op["shapes"] = [tuple(s) for s in op.get("shapes") or []]
+    if op.get("splits") is not None:
+        op["splits"] = tuple(tuple(s) for s in op["splits"])
+    return op
+
+
+def _comm_op(op: dict) -> CommOp:
+    try:
+        return CommOp(**op)
+    except TypeError as e:
+        raise TraceTampered(f"rank {op.get('rank')} streamed a malformed op record: {e}") from None
 
 
 def _size(path: str) -> int:
@@ -410,13 +495,23 @@ def _code_keeping_its_file(code: types.CodeType):
 
 
 class _FunctionPickler(cloudpickle.Pickler):
-    dispatch_table = ChainMap({types.CodeType: _code_keeping_its_file}, cloudpickle.Pickler.dispatch_table)
+    def __init__(self, *args, **kwargs):
+        ours = {types.CodeType: _code_keeping_its_file}
+        torch = sys.modules.get("torch")
+        if torch is not None:   # cloudpickle takes any attribute named ``ops`` for the module torch.ops
+            ours[type(torch.ops)] = _torch_ops_by_name
+        self.dispatch_table = ChainMap(ours, cloudpickle.Pickler.dispatch_table)   # read by __init__ below
+        super().__init__(*args, **kwargs)
 
 
 def _dump_function(fn) -> bytes:
     buffer = io.BytesIO()
     _FunctionPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
     return buffer.getvalue()
+
+
+def _torch_ops_by_name(_ops):
+    return importlib.import_module, ("torch.ops",)
 
 
 def _dumps(obj) -> bytes:
@@ -434,8 +529,8 @@ def _rank_entry(*args):
 _GLOO_NOISE = ("Connection closed by peer", "Connection reset", "Timed out", "Gloo", "gloo")
 
 
-def _is_gloo_fallout(reply) -> bool:
-    return reply[0] == "error" and any(s in reply[1][1] for s in _GLOO_NOISE)
+def _is_gloo_fallout(reply: dict) -> bool:
+    return reply["status"] == "error" and any(s in str(reply["error"][1]) for s in _GLOO_NOISE)
 
 
 def _ops_balanced(ops_by_rank: list) -> bool:
@@ -458,8 +553,8 @@ def _ops_balanced(ops_by_rank: list) -> bool:
 
 def _rank_error(errors: dict, world_size: int) -> BaseException:
     """Pick the root cause: prefer a rank whose error did not come from gloo's fallout."""
-    rank, (kind, (exc_type, message, frames), *_rest) = sorted(
-        errors.items(), key=lambda it: (_is_gloo_fallout(it[1]), it[0]))[0]
+    rank, reply = sorted(errors.items(), key=lambda it: (_is_gloo_fallout(it[1]), it[0]))[0]
+    kind, (exc_type, message, frames) = reply["status"], reply["error"]
     if kind == "forbidden":
         return ForbiddenOp(f"rank {rank}: {message}")
     if kind == "tampered":
