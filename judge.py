@@ -7,10 +7,11 @@
     python judge.py 113 --target F.py    judge any file (a student's, a known-wrong version)
     python judge.py 113 --tests DIR      use another test set laid out like practice/ (hidden tests)
     python judge.py 113 --hint           show the next hint
-    python judge.py 113 --watch          re-judge on every save
+    python judge.py 113 --watch          re-judge on every save: the score and the first failure
     python judge.py 113 --reset          restore the stub (your file is backed up)
-    python judge.py 113 --trace t.json   write one test case's timeline (Perfetto / chrome://tracing)
+    python judge.py 113 --trace t.json   write a timeline (Perfetto / chrome://tracing): the failing case's, if any
     python judge.py 113 --show           draw that timeline in the terminal
+    python judge.py 113 --verbose        also show hypothesis's own output under each failure
     python judge.py selfcheck [N ...]    reference passes, stub scores 0, every known-wrong version fails
     python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions
 
@@ -40,9 +41,17 @@ def _problem(problems: dict, text: str):
     return problems[int(text)]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as a usage error (exit 4), like every other one."""
+
+    def error(self, message):
+        raise UsageError(f"{message}\n{self.format_usage().strip()}\nRun 'python judge.py --help' for every option.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judge.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    summary, _, details = __doc__.partition("\n\n")
+    p = _Parser(prog="judge.py", description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog=details)
     p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade'")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     which = p.add_mutually_exclusive_group()
@@ -59,17 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="re-judge on every save of your file")
     p.add_argument("--reset", action="store_true", help="restore the stub, after asking; keeps a backup")
     p.add_argument("--yes", action="store_true", help="answer yes to --reset's question")
-    p.add_argument("--trace", metavar="FILE", help="write one test case's timeline as Chrome trace-event JSON")
-    p.add_argument("--show", action="store_true", help="draw one test case's timeline in the terminal")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write a timeline as Chrome trace-event JSON: a failing test's failing case, else a passing one")
+    p.add_argument("--show", action="store_true", help="draw that timeline in the terminal")
     p.add_argument("--out", metavar="CSV", help="grade: where to write the gradebook (CSV, plus JSON beside it)")
     p.add_argument("--jobs", type=int, help="grade: submissions judged in parallel (default: CPU cores)")
     p.add_argument("--timeout", type=float, default=600, help="grade: seconds per submission")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="also show hypothesis's own output under each failure")
     p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         problems = catalogue.load()
     except catalogue.CatalogueError as e:
@@ -88,7 +104,7 @@ def main(argv=None) -> int:
         if args.hint:
             return cmd_hint(problem)
         if args.reset:
-            print(workflows.reset(problem, ask=(lambda _q: "y") if args.yes else input))
+            print(workflows.reset(problem, ask=(lambda _q: "y") if args.yes else input))   # EOF: UsageError
             return EXIT_PASS
         if args.watch:
             return cmd_watch(problem, args)
@@ -118,31 +134,87 @@ def _target(problem, args) -> tuple[str, list]:
     return problem.practice_file(), []
 
 
-def _validate(problem, path):
+def _validate(problem, path, scored: bool = False):
+    """A file that cannot be used is a usage error in plain words.  ``scored`` (json, gradescope,
+    grading): an existing file that fails to load is judged anyway, every test failing with
+    "load error", so the gradebook still has its row, its maximum and the reason."""
     from harness.errors import TargetError
     from harness.target import Target
     try:
         Target(path, problem.names).validate()
     except TargetError as e:
-        raise UsageError(str(e)) from None
+        if not (scored and os.path.isfile(path)):
+            raise UsageError(str(e)) from None
+
+
+class _LiveProgress:
+    """On a terminal: which test is running, which example, and how many tests are done (rich progress).
+
+    Without a terminal (a pipe, a file, CI, grading) it shows nothing at all.
+    """
+
+    def __init__(self, enabled: bool, what: str):
+        self.enabled, self.what = enabled, what
+        self.bar = self.task = None
+        self.done = 0
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                TextColumn("{task.completed}/{task.total} tests"), TimeElapsedColumn(),
+                                console=report.console(), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task(f"{self.what}: starting", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def __call__(self, event: dict):
+        if self.bar is None:
+            return
+        kind = event.get("event")
+        if kind == "phase":
+            self.bar.update(self.task, description=f"{self.what}: {event.get('text', '')}")
+        elif kind == "collected":
+            self.bar.update(self.task, total=event.get("count") or None)
+        elif kind == "start":
+            self.bar.update(self.task, description=f"{self.what}: {event.get('test', '')}")
+        elif kind == "example":
+            if event.get("phase") == "shrinking":
+                text = f"{event['test']}: failed; shrinking to the smallest case (try {event['n']})"
+            else:
+                text = f"{event['test']}: example {event['n']} of about {event['of']}"
+            self.bar.update(self.task, description=f"{self.what}: {text}")
+        elif kind == "end":
+            self.done += 1
+            self.bar.update(self.task, completed=self.done)
+
+
+def _live(args, what: str) -> _LiveProgress:
+    return _LiveProgress(sys.stdout.isatty() and args.format == "text" and not args.output, what)
 
 
 def cmd_judge(problem, args) -> int:
     path, target_args = _target(problem, args)
-    _validate(problem, path)
+    _validate(problem, path, scored=args.format != "text")
     if args.tests and not os.path.isdir(args.tests):
         raise UsageError(f"--tests: folder not found: {args.tests}")
-    verdict = judge_once(problem, path, tests_root=args.tests, profile=args.profile, seed=args.seed,
-                         select=args.select, maxfail=1 if args.brief else None)
+    with _live(args, f"judging {problem.number}") as live:
+        verdict = judge_once(problem, path, tests_root=args.tests, profile=args.profile, seed=args.seed,
+                             select=args.select, progress=live if live.enabled else None, verbose=args.verbose)
     if not verdict.tests:
         raise UsageError(f"no tests matched in {verdict.tests_dir}" + (f" for -k {args.select!r}" if args.select else ""))
     if args.tests:
         target_args = target_args + ["--tests", args.tests]
     if args.format == "text":
-        report.render_text(verdict, target_args, brief=args.brief) if not args.output else \
-            report.write(verdict, "text", args.output, target_args)
+        report.render_text(verdict, target_args, brief=args.brief, verbose=args.verbose) if not args.output else \
+            report.write(verdict, "text", args.output, target_args, verbose=args.verbose)
     else:
         report.write(verdict, args.format, args.output, target_args)
+    # Progress is the score of a complete run of the learner's own file on the public tests.
     if path == problem.practice_file() and not args.select and not args.tests:
         workflows.record_result(problem, verdict.score, verdict.max_score, verdict.all_passed)
     return EXIT_PASS if verdict.all_passed else EXIT_FAIL
@@ -155,7 +227,7 @@ def cmd_list(problems) -> int:
     state = workflows.load_state()
     table = Table(show_edge=False, pad_edge=False, box=None)
     for col in ("#", "problem", "difficulty", "topic", "status"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for n in sorted(problems):
         p = problems[n]
         status = workflows.status_of(p, state)
@@ -223,33 +295,74 @@ def _signal_group(pid: int, sig):
         pass
 
 
+def _pick_trace(problem, verdict, traces: dict):
+    """(test, chrome) to draw: a failing test's failing case first; else the problem's trace test, passing.
+
+    A test that failed inside the ranks left no timeline of its failing call, and one still
+    stopped by the stub has none at all: neither is drawn in its place.
+    """
+    def failing_case_traced(t):
+        return t.name in traces and traces[t.name].get("otherData", {}).get("failing_case_traced")
+    for t in verdict.failures():
+        if t.kind != "not implemented" and failing_case_traced(t):
+            return t, traces[t.name]
+    passing = [t for t in verdict.tests if t.passed and t.name in traces]
+    passing.sort(key=lambda t: t.name.split("[")[0] != problem.trace_test)
+    return (passing[0], traces[passing[0].name]) if passing else (None, None)
+
+
 def cmd_trace(problem, args) -> int:
+    import shutil
+    from rich.text import Text
     from harness import timeline
     path, target_args = _target(problem, args)
     _validate(problem, path)
-    out = args.trace or os.path.join(tempfile.mkdtemp(prefix="kit-trace-"), "trace.json")
-    select = args.select or (problem.trace_test or None)
-    verdict = judge_once(problem, path, tests_root=args.tests, profile="quick", seed=args.seed, select=select,
-                         maxfail=1, extra_env={"KIT_TRACE_FILE": os.path.abspath(out)})
-    if not os.path.exists(out):
-        raise UsageError("no multi-rank call ran in the chosen test" +
-                         (f" ({select})" if select else "") + "; pick one with -k")
+    if args.tests:
+        target_args = target_args + ["--tests", args.tests]
     con = report.console()
-    case = ", ".join(t.name for t in verdict.tests[:1])
-    con.print(f"traced the last case of {case} ({'failing' if verdict.failures() else 'passing'})")
-    if args.trace:
-        con.print(f"wrote {out}: open it in https://ui.perfetto.dev or chrome://tracing")
+    with tempfile.TemporaryDirectory(prefix="kit-trace-") as trace_dir:
+        with _live(args, f"tracing {problem.number}") as live:
+            verdict = judge_once(problem, path, tests_root=args.tests, profile="quick", seed=args.seed,
+                                 select=args.select, trace_dir=trace_dir, progress=live if live.enabled else None)
+        if not verdict.tests:
+            raise UsageError(f"no tests matched in {verdict.tests_dir}" + (f" for -k {args.select!r}" if args.select else ""))
+        traces = {}
+        for t in verdict.tests:
+            file = os.path.join(trace_dir, timeline.trace_file_name(t.name))
+            if os.path.exists(file):
+                with open(file, encoding="utf-8") as f:
+                    traces[t.name] = json.load(f)
+        chosen, chrome = _pick_trace(problem, verdict, traces)
+        report.render_text(verdict, target_args, brief=True)
+        if chosen is None:
+            stubs = report.not_implemented_groups(verdict.failures())
+            untraced = [t for t in verdict.failures() if t.kind != "not implemented"]
+            if untraced:
+                why = (f"{untraced[0].name} failed inside the ranks ({untraced[0].kind}), so its failing call "
+                       "left no timeline, and no test passed with one")
+            elif stubs:
+                why = "no test got as far as a multi-rank call: they stop at the stub's NotImplementedError (above)"
+            else:
+                why = "no multi-rank call ran in " + ("the tests matching -k " + repr(args.select) if args.select
+                                                       else "this problem's tests")
+            con.print(Text(f"nothing to draw: {why}", style="yellow"), soft_wrap=True)
+            return EXIT_USAGE if args.select and not verdict.failures() else EXIT_FAIL
+        state = "failing" if not chosen.passed else "passing"
+        con.print()
+        con.print(Text(f"timeline of {chosen.name} ({state})" +
+                       (f", failing case: {chosen.example}" if not chosen.passed and chosen.example else
+                        ", its last traced call"), style="bold"), soft_wrap=True)
+        if args.trace:
+            shutil.copyfile(os.path.join(trace_dir, timeline.trace_file_name(chosen.name)), args.trace)
+            con.print(f"wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
     if args.show:
-        from rich.text import Text
-        with open(out, encoding="utf-8") as f:
-            chrome = json.load(f)
         text = Text()
         for piece, style in timeline.render_lanes(chrome):
             text.append(piece, style=style)
         con.print(text)
         if problem.number == 118:
             _show_pipeline(problem, path, con)
-    return EXIT_PASS
+    return EXIT_PASS if verdict.all_passed else EXIT_FAIL
 
 
 def _show_pipeline(problem, path, con):
@@ -268,18 +381,21 @@ def cmd_selfcheck(problems, args) -> int:
         raise UsageError(f"--tests: folder not found: {args.tests}")
     rows = []
     for problem in chosen:
-        rows += workflows.selfcheck_problem(problem, tests_root=args.tests, profile=args.profile if args.profile != "default" else "quick",
-                                            seed=args.seed if args.seed is not None else 0)
+        with _live(args, f"selfcheck {problem.number}") as live:
+            rows += workflows.selfcheck_problem(
+                problem, tests_root=args.tests, profile=args.profile if args.profile != "default" else "quick",
+                seed=args.seed if args.seed is not None else 0, progress=live if live.enabled else None)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
     else:
         con = report.console()
         table = Table(show_edge=False, pad_edge=False, box=None)
         for col in ("problem", "target", "", "detail"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for r in rows:
-            table.add_row(str(r["problem"]), r["target"], Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"),
-                          r["detail"])
+            verdict = (Text("skip", style="yellow") if r.get("skipped") else
+                       Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"))
+            table.add_row(str(r["problem"]), r["target"], verdict, r["detail"])
         con.print(table)
         bad = [r for r in rows if not r["ok"]]
         con.print(Text(f"{len(rows) - len(bad)} of {len(rows)} checks as expected", style="red" if bad else "green"))
@@ -304,9 +420,10 @@ def cmd_grade(problems, args) -> int:
                                   progress=lambda r: bar.advance(task))
     table = Table(show_edge=False, pad_edge=False, box=None)
     for col in ("student", "score", "status"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r["student"], f"{r['score']:g}/{r.get('max_score') or '?'}", r["status"])
+        max_score = r.get("max_score")
+        table.add_row(r["student"], f"{r['score']:g}/{max_score:g}" if max_score else f"{r['score']:g}", r["status"])
     con.print(table)
     summary = workflows.common_failures(results)
     if summary:

@@ -8,6 +8,7 @@ Public API -- problems use only these names:
     device()                      this rank's device (cuda:rank under NCCL, else cpu)
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
     assert_close, check, PropertyFailed      plain-words property checks
+    expect_type(value, "list[list[int]]", "make_buckets(sizes, cap)")   a returned value against the contract's type
     live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
     errors: HangError, RankError, NotImplementedYet, RankCrashed, ForbiddenOp, TraceTampered, TargetError
 
@@ -20,6 +21,7 @@ _EXPORTS = {
     "phase": "_tracer",
     "device": "target", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
+    "expect_type": "properties", "WrongType": "properties",
     "live_tensor_bytes": "memory", "live_storages": "memory", "saved_for_backward": "memory",
     "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace",
     "HarnessError": "errors", "HangError": "errors", "RankError": "errors", "NotImplementedYet": "errors",

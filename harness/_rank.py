@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
-from . import _tracer, wire
+from . import _sandbox, _tracer, memory, wire  # noqa: F401  (memory: its accessors are bound before learner code)
 from .errors import ForbiddenOp, TraceTampered
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -58,6 +58,7 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
     # stderr first: whatever goes wrong from here on is shown in the RankCrashed message
     stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(stderr_fd, 2)
+    os.dup2(stderr_fd, 1)   # a stdout shared by every rank would be a channel between them
     _die_with_parent()
     _quiet_renamed_collectives()
     stack_file = open(files["stack"], "w")
@@ -66,8 +67,11 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
     if backend == "nccl":
         torch.cuda.set_device(rank)
     store = dist.FileStore(store_path, world_size)
+    # Confined before gloo starts its threads: Landlock covers only the threads created after it.
+    _sandbox.confine(files["tmp"], store_file=store_path, gpu=backend == "nccl")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
+    _sandbox.guard_store()   # the store's file stays writable for gloo; rank code may not use it
     recorder = _tracer.install(rank, record_conn.fileno())   # records stream to the test process as issued
     verify_tracer = _tracer.integrity_snapshot()  # taken before any learner code runs
     world_group = dist.group.WORLD
@@ -116,7 +120,10 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> dict:
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
         recorder.reset(policy)
-        reply["value"] = functions[fn_key](*args, **kwargs)
+        try:
+            reply["value"] = functions[fn_key](*args, **kwargs)
+        finally:
+            recorder.finish()
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
             raise ForbiddenOp(recorder.policy.refused)
         verify_tracer()
@@ -124,8 +131,8 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> dict:
     except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
         if recorder.policy.refused and not isinstance(exc, (ForbiddenOp, TraceTampered)):
             exc = ForbiddenOp(recorder.policy.refused)  # the refusal is the root cause, however it surfaced
-        reply.update(value=None, error=(type(exc).__name__, str(exc), _user_frames(exc.__traceback__)),
+        reply.update(value=None, error=(type(exc).__name__, str(exc) + _sandbox.hint(exc), _user_frames(exc.__traceback__)),
                      status="forbidden" if isinstance(exc, ForbiddenOp) else
                      "tampered" if isinstance(exc, TraceTampered) else "error")
-    reply["ops_traced"] = len(recorder.ops)
+    reply["ops_traced"], reply["ops_digest"] = len(recorder.ops), recorder.digest()
     return reply

@@ -89,3 +89,9 @@ class HangStopped(BaseException):
     def __init__(self, hang: HangError):
         self.hang = hang
         super().__init__(str(hang))
+
+
+def raised_by_stub(frames) -> bool:
+    """True when the innermost user frame is the stub's own ``raise NotImplementedError`` (one raised
+    inside torch, say, is an ordinary error)."""
+    return bool(frames) and "raise NotImplementedError" in (frames[-1][3] or "")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -35,8 +36,10 @@ class TestResult:
     duration: float
     kind: str | None = None
     message: str = ""
-    example: str = ""
+    example: str = ""          # the case that broke it (hypothesis's shrunk draw, or the one the property names)
     target: str | None = None
+    hypothesis: str = ""       # hypothesis's own notes and advice (judge.py --verbose)
+    location: list | None = None   # [file, line, function] of a stub's own NotImplementedError
 
     @property
     def passed(self) -> bool:
@@ -72,7 +75,7 @@ class Verdict:
 
 def pytest_command(problem: Problem, tests_dir: str, report: str, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
-                   maxfail: int | None = None) -> list:
+                   maxfail: int | None = None, trace_dir: str | None = None, verbose: bool = False) -> list:
     cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "harness.pytest_plugin",
            "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"), "--kit-report", report,
            "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider"]
@@ -86,13 +89,30 @@ def pytest_command(problem: Problem, tests_dir: str, report: str, *, target: str
         cmd += ["-k", select]
     if maxfail:
         cmd += [f"--maxfail={maxfail}"]
+    if trace_dir:
+        cmd += ["--kit-trace-dir", trace_dir]
+    if verbose:
+        cmd += ["--kit-verbose"]
     return cmd
 
 
-def run_pytest(cmd: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it."""
+def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> subprocess.CompletedProcess:
+    """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it.
+
+    ``progress(event)`` receives the plugin's progress events (dicts: collected, start,
+    example, end, phase) as they happen, through a pipe of their own.
+    """
+    read_fd = write_fd = None
+    if progress is not None:
+        read_fd, write_fd = os.pipe()
+        cmd = cmd + ["--kit-progress-fd", str(write_fd)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, pass_fds=(write_fd,) if write_fd is not None else ())
+    reader = None
+    if write_fd is not None:
+        os.close(write_fd)
+        reader = threading.Thread(target=_read_progress, args=(read_fd, progress), daemon=True)
+        reader.start()
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -102,7 +122,23 @@ def run_pytest(cmd: list, env: dict, timeout: float) -> subprocess.CompletedProc
     except KeyboardInterrupt:
         _kill_group(proc)
         raise
+    finally:
+        if reader is not None:
+            reader.join(timeout=2)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def _read_progress(fd: int, progress):
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as stream:
+        for line in stream:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            try:
+                progress(event)
+            except Exception:   # a display problem must never stop the judge
+                pass
 
 
 def _kill_group(proc):
@@ -116,7 +152,13 @@ def _kill_group(proc):
 def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, profile: str = "default",
                seed: int | None = None, select: str | None = None, maxfail: int | None = None,
                targets: list | None = None, extra_env: dict | None = None, timeout: float = 1800,
-               no_shrink: bool = False) -> Verdict:
+               no_shrink: bool = False, progress=None, trace_dir: str | None = None,
+               verbose: bool = False) -> Verdict:
+    """Run one problem's tests on ``target`` (or ``targets``) in a fresh pytest process and score them.
+
+    ``progress``: a callback for live progress events; ``trace_dir``: where each test's last
+    traced call is written (judge.py --show); ``verbose``: keep hypothesis's own advice.
+    """
     tests_dir = problem.tests_dir(tests_root)
     if not os.path.isdir(tests_dir):
         raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
@@ -130,9 +172,9 @@ def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, 
     with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = pytest_command(problem, tests_dir, report, target=target, targets=targets, seed=seed,
-                             select=select, maxfail=maxfail)
+                             select=select, maxfail=maxfail, trace_dir=trace_dir, verbose=verbose)
         started = time.perf_counter()
-        done = run_pytest(cmd, env, timeout)
+        done = run_pytest(cmd, env, timeout, progress)
         elapsed = time.perf_counter() - started
         if not os.path.exists(report):
             raise InternalError(f"the test run for problem {problem.number} produced no report "
@@ -150,7 +192,8 @@ def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, 
         tests.append(TestResult(name=t["name"], outcome=t["outcome"], max_points=max_points,
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
-                                target=t.get("target")))
+                                target=t.get("target"), hypothesis=t.get("hypothesis") or "",
+                                location=t.get("location")))
     return Verdict(problem, target or "", tests, seed, profile, elapsed, tests_dir, done.stdout)
 
 

@@ -1,15 +1,20 @@
 """How a verdict is shown: rich text for people, JSON for tools, Gradescope's results.json for autograders.
 
-Text degrades to plain lines without a TTY and honours NO_COLOR (rich does both).
+Text degrades to plain lines without a TTY and honours NO_COLOR (rich does both).  A failure
+reads the same everywhere (judge.py, plain ``pytest practice/``): the broken property, the case
+that broke it, and one command that reruns just that case.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 
 from .judging import Verdict
+
+NOT_IMPLEMENTED = "not implemented"
 
 
 def console(stream=None):
@@ -24,13 +29,74 @@ def _relative(path: str) -> str:
     return path if not path or rel.startswith("..") else rel
 
 
-def replay_command(verdict: Verdict, test_name: str, target_args: list) -> str:
-    args = ["python", "judge.py", str(verdict.problem.number), *target_args, "-k", test_name.split("[")[0],
-            "--seed", str(verdict.seed), "--profile", verdict.profile]
-    return " ".join(shlex.quote(a) for a in args)
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:[^\s/:'\"(),\[\]]+/)+([^\s/:'\"(),\[\]]+)")
 
 
-def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = False):
+def strip_paths(text: str) -> str:
+    """Absolute paths reduced to their file names: what a grading server's layout is no one's business."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1), text or "")
+
+
+def replay_command(verdict_or_number, test_name: str, target_args: list, seed=None, profile=None) -> str:
+    """The one pasteable command that reruns just this test with the same cases."""
+    if isinstance(verdict_or_number, Verdict):
+        number, seed, profile = verdict_or_number.problem.number, verdict_or_number.seed, verdict_or_number.profile
+    else:
+        number = verdict_or_number
+    args = ["python", "judge.py", str(number), *target_args, "-k", test_name.split("[")[0],
+            "--seed", str(seed), "--profile", str(profile)]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def not_implemented_groups(tests) -> list[tuple[str, list]]:
+    """[(location, [test names])] for tests still stopped by the stub's own NotImplementedError."""
+    groups: dict[str, list] = {}
+    for t in tests:
+        if _kind(t) == NOT_IMPLEMENTED:
+            where = _location_text(t)
+            groups.setdefault(where, []).append(_name(t))
+    return sorted(groups.items(), key=lambda kv: _line_of(kv[0]))
+
+
+def _kind(t):
+    return t.get("kind") if isinstance(t, dict) else t.kind
+
+
+def _name(t):
+    return t.get("name") if isinstance(t, dict) else t.name
+
+
+def _location_text(t) -> str:
+    loc = t.get("location") if isinstance(t, dict) else t.location
+    if loc:
+        file, line, func = loc
+        return f"{_relative(file)}:{line} ({func})"
+    message = t.get("message", "") if isinstance(t, dict) else t.message
+    return message.removeprefix("not implemented yet: ")
+
+
+def _line_of(location: str) -> int:
+    m = re.search(r":(\d+)", location)
+    return int(m.group(1)) if m else 0
+
+
+def failure_lines(name: str, kind: str | None, message: str, case: str, rerun: str | None,
+                  max_message_lines: int | None = None) -> list[tuple[str, str]]:
+    """(text, style) lines of one failure: the property, the case that broke it, the rerun command."""
+    lines = [(f"✗ {name}" + (f" ({kind})" if kind and kind not in ("property",) else ""), "bold red")]
+    body = (message or "(no message)").splitlines()
+    if max_message_lines and len(body) > max_message_lines:
+        hidden = len(body) - max_message_lines
+        body = body[:max_message_lines] + [f"… {hidden} more line{'s' if hidden > 1 else ''}: run the command below"]
+    lines += [("  " + line, "") for line in body]
+    if case:
+        lines.append(("  failing case: " + case, "yellow"))
+    if rerun:
+        lines.append(("  rerun just this case: " + rerun, "dim"))
+    return lines
+
+
+def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = False, verbose: bool = False):
     from rich.table import Table
     from rich.text import Text
     con = console(out)
@@ -40,7 +106,7 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(Text(f"target: {_relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}",
                        style="dim"))
         table = Table(show_edge=False, box=None, pad_edge=False)
-        table.add_column("test")
+        table.add_column("test", overflow="fold")
         table.add_column("points", justify="right")
         table.add_column("result")
         table.add_column("time", justify="right")
@@ -50,21 +116,24 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(table)
     style = "bold green" if verdict.all_passed else "bold red"
     con.print(Text(f"score: {verdict.score:g}/{verdict.max_score:g}   ({verdict.elapsed:.1f} s)", style=style))
-    failures = verdict.failures()
-    for t in failures[:1] if brief else failures:
+    real = [t for t in verdict.failures() if t.kind != NOT_IMPLEMENTED]
+    stubs = not_implemented_groups(verdict.failures())
+    for t in real[:1] if brief else real:
         con.print()
-        con.print(Text(f"✗ {t.name}", style="bold red"))
-        con.print(Text(_indent(t.message or "(no message)")))
-        if t.example and t.kind != "not implemented":
-            con.print(Text(_indent(t.example), style="yellow"))
-        if t.kind != "not implemented":
-            con.print(Text("  rerun just this case: " + replay_command(verdict, t.name, target_args), style="dim"))
+        for line, line_style in failure_lines(t.name, t.kind, t.message, t.example,
+                                              replay_command(verdict, t.name, target_args)):
+            # soft_wrap: a long line stays one line, so the rerun command can be pasted
+            con.print(Text(line, style=line_style), soft_wrap=True)
+        if verbose and t.hypothesis:
+            con.print(Text("  hypothesis says:", style="dim"))
+            con.print(Text("\n".join("    " + x for x in t.hypothesis.splitlines()), style="dim"), soft_wrap=True)
+    if stubs and not (brief and real):
+        con.print()
+        for where, names in stubs:
+            tests = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more tests"
+            con.print(Text(f"✗ not implemented yet: {where}: {tests}", style="red"), soft_wrap=True)
     if verdict.all_passed and not brief:
         con.print(Text("All properties hold. Next: python judge.py", style="green"))
-
-
-def _indent(text: str, prefix: str = "  ") -> str:
-    return "\n".join(prefix + line for line in text.splitlines())
 
 
 def as_json(verdict: Verdict) -> dict:
@@ -79,24 +148,31 @@ def as_json(verdict: Verdict) -> dict:
 
 
 def as_gradescope(verdict: Verdict, visibility: str = "visible") -> dict:
-    """Gradescope autograder results.json (score, max_score, tests[], execution_time)."""
+    """Gradescope autograder results.json (score, max_score, tests[], execution_time).
+
+    What a student reads: the broken property and the failing case, with no paths of the
+    grading server in it.
+    """
     tests = []
     for t in verdict.tests:
-        output = "" if t.passed else "\n\n".join(x for x in (t.message, t.example) if x)
+        output = ""
+        if not t.passed:
+            output = t.message + (f"\n\nfailing case: {t.example}" if t.example else "")
         tests.append({"name": t.name, "score": t.points, "max_score": t.max_points,
-                      "status": "passed" if t.passed else "failed", "output": output, "visibility": visibility})
+                      "status": "passed" if t.passed else "failed", "output": strip_paths(output),
+                      "visibility": visibility})
     return {"score": verdict.score, "max_score": verdict.max_score, "execution_time": round(verdict.elapsed, 3),
             "output": f"Problem {verdict.problem.number}: {verdict.problem.title}", "visibility": visibility,
             "tests": tests}
 
 
-def write(verdict: Verdict, fmt: str, output: str | None, target_args: list):
+def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, verbose: bool = False):
     if fmt == "text":
         if output:
             with open(output, "w", encoding="utf-8") as f:
-                render_text(verdict, target_args, out=f)
+                render_text(verdict, target_args, out=f, verbose=verbose)
         else:
-            render_text(verdict, target_args)
+            render_text(verdict, target_args, verbose=verbose)
         return
     data = as_json(verdict) if fmt == "json" else as_gradescope(verdict)
     text = json.dumps(data, indent=2, ensure_ascii=False)
@@ -105,3 +181,80 @@ def write(verdict: Verdict, fmt: str, output: str | None, target_args: list):
             f.write(text + "\n")
     else:
         print(text)
+
+
+# ---- plain `pytest practice/` ------------------------------------------------------------------
+
+def problem_status(score: float, max_score: float, tests: list) -> str:
+    failed = [t for t in tests if t["outcome"] != "passed"]
+    if not failed:
+        return "passed"
+    if all(t.get("kind") == NOT_IMPLEMENTED for t in failed) and len(failed) == len(tests):
+        return "not implemented yet"
+    return "failing"
+
+
+def pytest_summary(reports: list, problems: dict, seed, profile: str, target_args: list | None,
+                   full: bool = True) -> list[str]:
+    """The closing summary of a pytest run over problems' tests, as plain lines.
+
+    ``full``: real failures first (plain words, case, rerun command), then one line per problem
+    whose tests stop at the stub's NotImplementedError, then the table.  Otherwise the table only.
+    """
+    by_problem: dict[int, list] = {}
+    for r in reports:
+        if r.get("problem") is not None and r["outcome"] != "skipped":
+            by_problem.setdefault(r["problem"], []).append(r)
+    lines = []
+    if full:
+        for number in sorted(by_problem):
+            slug = problems[number].slug if number in problems else ""
+            load_errors = {r["message"] for r in by_problem[number] if r.get("kind") == "load error"}
+            for message in sorted(load_errors):   # one file, one reason: said once, not once per test
+                lines += [text for text, _ in failure_lines(f"{number} {slug}: cannot load the file under test",
+                                                             None, message, "", None)]
+                lines.append("")
+            for r in by_problem[number]:
+                if r["outcome"] == "passed" or r.get("kind") in (NOT_IMPLEMENTED, "load error"):
+                    continue
+                rerun = replay_command(number, r["name"], target_args, seed, profile) if target_args is not None \
+                    else None
+                lines += [text for text, _ in failure_lines(f"{number} {r['name']}", r.get("kind"), r["message"],
+                                                             r.get("example", ""), rerun, max_message_lines=12)]
+                lines.append("")
+        for number in sorted(by_problem):
+            tests = by_problem[number]
+            groups = not_implemented_groups(tests)
+            if not groups:
+                continue
+            slug = problems[number].slug if number in problems else ""
+            first = groups[0][0]
+            stub_count = sum(len(names) for _, names in groups)
+            if stub_count == len(tests):
+                lines.append(f"{number} {slug}: not implemented yet ({_short_location(first)})")
+            else:
+                where = ", ".join(_short_location(w) for w, _ in groups)
+                lines.append(f"{number} {slug}: {stub_count} of {len(tests)} tests not implemented yet ({where})")
+        if lines:
+            lines.append("")
+    rows = []
+    for number in sorted(by_problem):
+        tests = by_problem[number]
+        score = sum(float(t["points"]) for t in tests if t["outcome"] == "passed")
+        max_score = sum(float(t["points"]) for t in tests)
+        title = problems[number].slug if number in problems else ""
+        rows.append((str(number), title, problem_status(score, max_score, tests), f"{score:g}/{max_score:g}"))
+    header = ("#", "problem", "status", "score")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    for row in [header] + rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if full:
+        lines.append(f"seed {seed}, profile {profile}. Full pytest output: add -v or --tb=long. "
+                     "One problem: python judge.py <number>")
+    return lines
+
+
+def _short_location(location: str) -> str:
+    """'practice/113_ddp_buckets/ddp_buckets.py:24 (make_buckets)' -> 'ddp_buckets.py:24'."""
+    head = location.split(" (")[0]
+    return os.path.basename(head)

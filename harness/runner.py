@@ -30,8 +30,9 @@ import cloudpickle
 
 from . import _diagnose, timeline, wire
 from ._boot import CONTEXT
-from ._tracer import Policy
-from .errors import ForbiddenOp, HangError, HangStopped, NotImplementedYet, RankCrashed, RankError, TraceTampered
+from ._tracer import Policy, ops_digest
+from .errors import (ForbiddenOp, HangError, HangStopped, NotImplementedYet, RankCrashed, RankError, TraceTampered,
+                     raised_by_stub)
 from .trace import CommOp, PhaseSpan, Trace
 
 DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "5"))
@@ -115,8 +116,23 @@ def _own_inputs(args, kwargs, rank: int, world_size: int):
             return value
         if len(value.values) != world_size:
             raise ValueError(f"per_rank(...) holds {len(value.values)} values for a world of {world_size} ranks")
-        return value.values[rank]
+        return _without_shared_storage(value.values[rank])
     return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
+
+
+def _without_shared_storage(value):
+    """A view pickles its whole storage: a rank handed ``x.chunk(4)[r]`` would receive every chunk.
+    Views that do not span their storage travel as copies of just their elements."""
+    if isinstance(value, (list, tuple)):
+        items = [_without_shared_storage(v) for v in value]
+        return type(value)(items) if type(value) in (list, tuple) else value
+    if isinstance(value, dict):
+        return {k: _without_shared_storage(v) for k, v in value.items()}
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        if value.untyped_storage().nbytes() > value.numel() * value.element_size():
+            return value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
+    return value
 
 
 @dataclass
@@ -146,7 +162,7 @@ class World:
     def __init__(self, world_size: int, backend: str):
         self.world_size, self.backend = world_size, backend
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
-        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack")}
+        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "tmp")}
                       for r in range(world_size)]
         self.conns, self.procs = [], []
         self.records = [_RecordStream() for _ in range(world_size)]   # each rank's ops, streamed as issued
@@ -309,7 +325,7 @@ class World:
             stream.drain()
         if pending and first_error_at is None:
             raise self._hang(timeout, sorted(pending.values()))
-        ops = [stream.ops(r) for r, stream in enumerate(self.records)]
+        ops, streamed = zip(*[stream.ops(r) for r, stream in enumerate(self.records)])
         errors = {r: rep for r, rep in replies.items() if rep["status"] != "ok"}
         retire = any(rep["retire"] for rep in replies.values())   # a rank asks for a fresh world
         if errors:
@@ -325,7 +341,7 @@ class World:
                 self.kill()
             raise error
         try:
-            self._check_record(ops, replies, policy)
+            self._check_record(ops, streamed, replies, policy)
         except BaseException:
             self.kill()
             raise
@@ -335,13 +351,17 @@ class World:
             self.close()   # ``run`` builds a fresh world for the next call
         return RunResult([replies[r]["value"] for r in range(self.world_size)], trace)
 
-    def _check_record(self, ops: list, replies: dict, policy: Policy):
+    def _check_record(self, ops: list, streamed: list, replies: dict, policy: Policy):
         """The test process's own checks of what the ranks streamed: code in a rank that clears its policy
-        or edits its tracer's lists after the fact changes nothing here."""
+        or edits its tracer's lists after the fact changes nothing here.  The rank's op-count check read
+        its own lists, so those must match the stream too (the digest)."""
         for r, rank_ops in enumerate(ops):
             if len(rank_ops) != replies[r]["ops_traced"]:
                 raise TraceTampered(f"rank {r} streamed {len(rank_ops)} op records but its tracer holds "
                                     f"{replies[r]['ops_traced']}: something wrote to, or edited, the harness's record")
+            if ops_digest(streamed[r]) != replies[r]["ops_digest"]:
+                raise TraceTampered(f"rank {r}'s tracer holds op records that differ from what it streamed: "
+                                    "something edited the harness's record")
             for op in rank_ops:
                 try:
                     policy.check(op["kind"], op["site"])
@@ -389,7 +409,8 @@ class World:
                          where, diagnosis, timeout)
 
 
-_REPLY_FIELDS = {"token", "status", "value", "error", "retire", "ops_traced"}
+_REPLY_FIELDS = {"token", "status", "value", "error", "retire", "ops_traced", "ops_digest"}
+_WAIT_FIELDS = ("wait_start", "wait_end", "blocking", "compute_between")   # all that a wait may add to a record
 _OP_FIELDS = {f.name for f in dataclasses.fields(CommOp)}
 
 
@@ -441,17 +462,24 @@ class _RecordStream:
         return [{**ev.get("op", {}), "ev": "issue", "i": ev.get("i")} if ev.get("ev") == "issue" else ev
                 for ev in self.raw_events()]
 
-    def ops(self, rank: int) -> list[dict]:
+    def ops(self, rank: int) -> tuple[list[dict], list[dict]]:
+        """(the ops as issued, with only wait times added later; each op's last streamed form, raw)."""
         ops: dict[int, dict] = {}
+        last: dict[int, dict] = {}
         for ev in self.raw_events():
             if ev.get("ev") in ("issue", "wait", "done") and isinstance(ev.get("op"), dict):
-                if ev["ev"] != "issue" and ev.get("i") not in ops:
-                    raise TraceTampered(f"rank {rank}'s record stream updates op {ev.get('i')} before issuing it")
-                ops[ev.get("i")] = _normalised_op(ev["op"], rank)
+                i = ev.get("i")
+                if ev["ev"] == "issue":
+                    ops[i] = _normalised_op(ev["op"], rank)
+                elif i not in ops:
+                    raise TraceTampered(f"rank {rank}'s record stream updates op {i} before issuing it")
+                else:   # a wait can only add its times: what an op was is fixed when it is issued
+                    ops[i].update({k: ev["op"].get(k) for k in _WAIT_FIELDS if k in ops[i] or k in ev["op"]})
+                last[i] = ev["op"]
         if set(ops) != set(range(len(ops))):
             raise TraceTampered(f"rank {rank}'s record stream numbers its ops {sorted(map(str, ops))}, "
                                 f"not 0..{len(ops) - 1}")
-        return [ops[i] for i in range(len(ops))]
+        return [ops[i] for i in range(len(ops))], [last[i] for i in range(len(ops))]
 
     def phases(self) -> list[dict]:
         spans = {ev.get("k"): ev.get("span") for ev in self.raw_events() if ev.get("ev") == "phase"}
@@ -559,7 +587,7 @@ def _rank_error(errors: dict, world_size: int) -> BaseException:
         return ForbiddenOp(f"rank {rank}: {message}")
     if kind == "tampered":
         return TraceTampered(f"rank {rank}: {message}")
-    cls = NotImplementedYet if exc_type == "NotImplementedError" else RankError
+    cls = NotImplementedYet if exc_type == "NotImplementedError" and raised_by_stub(frames) else RankError
     return cls(rank, exc_type, message, frames, world_size)
 
 
@@ -586,12 +614,15 @@ def defaults(forbid=(), allow=None, timeout=None, stop_on_hang=False, backend=No
 
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
-        backend: str | None = None, memory_gb: float | None = None, **kwargs) -> RunResult:
+        backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
+        perturb: tuple | None = None, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
     ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
-    raises ``ForbiddenOp``.  Raises ``RankError`` (``NotImplementedYet`` for a
+    raises ``ForbiddenOp``.  ``record_compute`` fills each op's ``compute_between``; ``perturb=(rank, n)``
+    makes that rank's n-th point-to-point send carry a perturbed copy (see ``Policy``).
+    Raises ``RankError`` (``NotImplementedYet`` for a
     stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
     or ``HangError``.
     """
@@ -605,7 +636,8 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
             world.kill()
         world = _WORLDS[key] = World(world_size, backend)
     _register_by_value(fn)
-    policy = Policy(_DEFAULTS["forbid"] if forbid is None else forbid, _DEFAULTS["allow"] if allow is None else allow)
+    policy = Policy(_DEFAULTS["forbid"] if forbid is None else forbid, _DEFAULTS["allow"] if allow is None else allow,
+                    record_compute=record_compute, perturb=perturb)
     timeout = timeout or _DEFAULTS["timeout"] or DEFAULT_TIMEOUT
     memory_gb = memory_gb or _DEFAULTS["memory_gb"] or default_memory_limit_gb(world_size)
     try:

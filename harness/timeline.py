@@ -1,9 +1,6 @@
 """A call's trace as a timeline: Chrome trace-event JSON (Perfetto, chrome://tracing) or terminal lanes."""
 from __future__ import annotations
 
-import json
-import os
-
 from .trace import Trace
 
 
@@ -12,32 +9,73 @@ def _op_span(op) -> tuple[float, float]:
     return op.issued_at, max(end, op.issued_at + 1e-6)
 
 
+def _rows(spans: list) -> list[int]:
+    """A row per span such that spans on one row never overlap (greedy interval partitioning).
+
+    Chrome's trace format requires complete events on one thread to nest; two async ops in
+    flight at once do not, so each gets a row of its own.
+    """
+    row_ends: list[float] = []
+    rows = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i]):
+        start, end = spans[i]
+        free = next((r for r, last in enumerate(row_ends) if last <= start), None)
+        if free is None:
+            free = len(row_ends)
+            row_ends.append(end)
+        row_ends[free] = end
+        rows[i] = free
+    return rows
+
+
 def to_chrome(trace: Trace) -> dict:
-    """One process per rank, with a 'compute' thread (the marked phases) and a 'comm' thread (every op)."""
+    """One process per rank, with a 'compute' thread (the marked phases) and 'comm' threads (every op).
+
+    Ops in flight at the same time (async all_reduces, say) go on separate comm rows
+    ("comm", "comm 2", ...), so no two events on one row overlap without nesting.
+    """
     events = []
     for rank in range(trace.world_size):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for tid, name in ((0, "compute (phases)"), (1, "comm")):
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute (phases)"}})
         for p in trace.phases(rank):
             end = p.end if p.end is not None else p.start
             events.append({"ph": "X", "pid": rank, "tid": 0, "name": p.name + ("" if p.step is None else f" {p.step}"),
                            "ts": p.start * 1e6, "dur": max(end - p.start, 1e-6) * 1e6})
-        for op in trace.ops(rank):
-            start, end = _op_span(op)
-            events.append({"ph": "X", "pid": rank, "tid": 1, "name": op.kind, "ts": start * 1e6,
+        ops = trace.ops(rank)
+        spans = [_op_span(op) for op in ops]
+        rows = _rows(spans)
+        for row in range(max(rows, default=0) + 1):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1 + row,
+                           "args": {"name": "comm" if row == 0 else f"comm {row + 1} (in flight at once)"}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": 1 + row,
+                           "args": {"sort_index": 1 + row}})
+        for op, (start, end), row in zip(ops, spans, rows):
+            events.append({"ph": "X", "pid": rank, "tid": 1 + row, "name": op.kind, "ts": start * 1e6,
                            "dur": (end - start) * 1e6,
                            "args": {"bytes": op.in_bytes, "peer": op.peer, "site": op.site, "phase": op.phase,
                                     "step": op.step, "blocking": op.blocking, "shapes": [list(s) for s in op.shapes]}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def trace_file_name(test_name: str) -> str:
+    """The file, inside judge.py's trace folder, that holds a test's last traced call."""
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in test_name) + ".json"
+
+
+_SINK = None
+
+
+def set_sink(callback):
+    """Hand every successful call's trace to ``callback(trace)`` (the pytest plugin, for judge.py --show)."""
+    global _SINK
+    _SINK = callback
+
+
 def save_if_asked(trace: Trace):
-    """judge.py --trace sets KIT_TRACE_FILE; the last call of the chosen test case wins."""
-    path = os.environ.get("KIT_TRACE_FILE")
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(to_chrome(trace), f)
+    """Called by ``harness.run`` after each successful call; a no-op unless judge.py --trace/--show asked."""
+    if _SINK is not None:
+        _SINK(trace)
 
 
 def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward") -> list[tuple[str, str]]:

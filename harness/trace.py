@@ -22,7 +22,7 @@ class CommOp:
     rank: int            # the global rank that issued it
     index: int           # order of issue on this rank, from 0
     kind: str            # normalised: "all_reduce", "send", ... (see COLLECTIVE_KINDS, P2P_KINDS)
-    name: str            # the c10d op that ran, e.g. "c10d.allreduce_.default"
+    name: str            # the op that ran, e.g. "c10d.allreduce_.default", "_c10d_functional.all_reduce.default"
     shapes: list         # shapes of the tensors this rank contributes
     dtypes: list         # their dtypes, as strings ("torch.float32")
     in_bytes: int        # bytes of the tensors this rank contributes (sent, reduced, gathered from)
@@ -37,6 +37,11 @@ class CommOp:
     wait_end: float | None = None
     blocking: bool | None = None      # True when that wait ran inside the statement that issued it
     splits: tuple | None = None       # (output_split_sizes, input_split_sizes) for all_to_all
+    # compute ops (matmul family, fused attention, softmax, exp: ``_tracer._COMPUTE_OPS``) this rank ran
+    # between issuing the op and starting to wait on it; None unless the call asked for
+    # ``record_compute``, or when it was never waited on.  A wait in the issuing statement gives 0.
+    compute_between: int | None = None
+    perturbed: bool = False           # this send carried a perturbed copy of its tensor (``perturb=``)
 
     @property
     def is_p2p(self) -> bool:

@@ -54,6 +54,11 @@ def status_of(problem: Problem, state: dict) -> str:
 
 
 def next_problem(problems: dict, state: dict) -> Problem | None:
+    """The problem being worked on (judged last and not yet passing), else the first not passed."""
+    entries = state.get("problems", {})
+    in_progress = [n for n in problems if str(n) in entries and not entries[str(n)].get("passed")]
+    if in_progress:
+        return problems[max(in_progress, key=lambda n: entries[str(n)].get("when", 0))]
     for number in sorted(problems):
         if status_of(problems[number], state) != "passed":
             return problems[number]
@@ -96,7 +101,7 @@ def is_stub(source: str, names) -> bool:
 
 def pristine_stub(problem: Problem) -> str:
     """The newest committed version of the practice file that is still a stub."""
-    rel = os.path.relpath(problem.practice_file(), ROOT)
+    rel = f"practice/{problem.folder}/{problem.file}"
     try:
         commits = subprocess.run(["git", "log", "--format=%H", "--", rel], cwd=ROOT, capture_output=True,
                                  text=True, check=True).stdout.split()
@@ -111,13 +116,20 @@ def pristine_stub(problem: Problem) -> str:
 
 
 def reset(problem: Problem, ask=input) -> str:
+    """Restore the stub after ``ask(question)`` answers yes.  No answer to read (stdin closed or
+    not a terminal, ``EOFError``) is a UsageError that says to add --yes; the file is left alone."""
     path = problem.practice_file()
     stub = pristine_stub(problem)
     with open(path, encoding="utf-8") as f:
         current = f.read()
     if current == stub:
-        return f"{os.path.relpath(path, ROOT)} is already the stub; nothing to do."
-    answer = ask(f"Restore {os.path.relpath(path, ROOT)} to the stub? Your version is backed up first. [y/N] ")
+        return f"{_rel(path)} is already the stub; nothing to do."
+    try:
+        answer = ask(f"Restore {_rel(path)} to the stub? Your version is backed up first. [y/N] ")
+    except EOFError:
+        raise UsageError(f"--reset asks before it overwrites {_rel(path)}, and there is no answer to read "
+                         "(no terminal). Your file is unchanged. To restore the stub without asking, add --yes: "
+                         f"python judge.py {problem.number} --reset --yes") from None
     if answer.strip().lower() not in ("y", "yes"):
         return "Left your file as it is."
     backup_dir = os.path.join(STATE_DIR, "backups", problem.folder)
@@ -128,7 +140,12 @@ def reset(problem: Problem, ask=input) -> str:
         f.write(current)
     with open(path, "w", encoding="utf-8") as f:
         f.write(stub)
-    return f"Restored the stub. Your version is saved as {os.path.relpath(backup, ROOT)}"
+    return f"Restored the stub. Your version is saved as {_rel(backup)}"
+
+
+def _rel(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)
+    return path if rel.startswith("..") else rel
 
 
 # ---- watch -------------------------------------------------------------------------------------
@@ -164,43 +181,77 @@ def rejected_by(wrong_file: str) -> str | None:
     return None
 
 
+def stub_for_selfcheck(problem: Problem, folder: str) -> tuple[str | None, str]:
+    """(path of the stub to check, written into ``folder``; where it came from), or (None, why not).
+
+    The practice file while it is still a stub (an author's edit of the stub counts); once a
+    learner has implemented part of it, the newest committed stub from git.
+    """
+    with open(problem.practice_file(), encoding="utf-8") as f:
+        source, origin = f.read(), "working tree"
+    if not is_stub(source, problem.names):
+        try:
+            source, origin = pristine_stub(problem), "git"
+        except UsageError:
+            return None, (f"not checked: practice/{problem.folder}/{problem.file} is edited, and there is no "
+                          "git history to take the stub from")
+    path = os.path.join(folder, problem.file)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    return path, origin
+
+
 def selfcheck_problem(problem: Problem, tests_root: str | None = None, profile: str = "quick",
-                      seed: int | None = 0) -> list[dict]:
+                      seed: int | None = 0, progress=None) -> list[dict]:
     """One row per target: the reference must pass, the stub score 0 cleanly, each wrong version fail.
 
+    "The stub" is the pristine one (from git), never the learner's edited practice file.
     All targets run in one test process (``--kit-targets``), sharing its warm ranks.
     """
-    targets = [{"id": "reference", "path": problem.solution_file()},
-               {"id": "stub", "path": problem.practice_file()}]
-    expected = {}
-    for wrong in problem.wrong_files():
-        name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
-        targets.append({"id": name, "path": wrong})
-        expected[name] = rejected_by(wrong)
-    verdict = judge_once(problem, "", tests_root=tests_root, profile=profile, seed=seed, targets=targets,
-                         no_shrink=True)
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kit-selfcheck-") as tmp:
+        stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
+        targets = [{"id": "reference", "path": problem.solution_file()}]
+        if stub_path:
+            targets.append({"id": "stub", "path": stub_path})
+        expected = {}
+        for wrong in problem.wrong_files():
+            name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
+            targets.append({"id": name, "path": wrong})
+            expected[name] = rejected_by(wrong)
+        verdict = judge_once(problem, "", tests_root=tests_root, profile=profile, seed=seed, targets=targets,
+                             no_shrink=True, progress=progress)
     rows = []
+    if not stub_path:
+        rows.append({"problem": problem.number, "target": "stub", "ok": True, "skipped": True,
+                     "detail": stub_origin, "path": f"practice/{problem.folder}/{problem.file}"})
     for t in targets:
         mine = [r for r in verdict.tests if r.target == t["id"]]
         failed = [r for r in mine if not r.passed]
         if t["id"] == "reference":
             ok = bool(mine) and not failed
-            detail = "all pass" if ok else f"fails {', '.join(r.name for r in failed)}: {failed[0].message[:200]}"
+            detail = "all pass" if ok else f"fails {', '.join(r.name for r in failed)}: {first_line(failed[0].message)}"
         elif t["id"] == "stub":
             unclean = [r for r in failed if r.kind != "not implemented"]
             ok = bool(mine) and len(failed) == len(mine) and not unclean
+            passing = [r.name for r in mine if r.passed]
             detail = "scores 0, 'not implemented yet'" if ok else (
-                f"{len(mine) - len(failed)} tests pass on the stub" if len(failed) < len(mine)
-                else f"{unclean[0].name} fails with {unclean[0].kind}: {unclean[0].message[:200]}")
+                f"{len(passing)} tests pass on the committed stub: {', '.join(passing)}" if passing
+                else f"{unclean[0].name} fails with {unclean[0].kind}: {first_line(unclean[0].message)}")
         else:
             want = expected[t["id"]]
             hit = [r for r in failed if r.name.split("[")[0] == want] if want else failed
             ok = bool(hit) and all(r.message for r in hit)
-            detail = (f"rejected by {want}: {hit[0].message.splitlines()[0][:100]}" if ok
+            detail = (f"rejected by {want}: {first_line(hit[0].message)}" if ok
                       else f"NOT rejected by {want or 'any test'}" + ("" if want else " (no REJECTED_BY)"))
-        rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail,
-                     "path": os.path.relpath(t["path"], ROOT)})
+        path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else _rel(t["path"])
+        rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail, "path": path})
     return rows
+
+
+def first_line(text: str) -> str:
+    """The first line of a message, whole: details are never cut mid-word."""
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
 # ---- grade -------------------------------------------------------------------------------------
@@ -241,8 +292,12 @@ def grade_one(problem: Problem, student: str, path: str, profile: str, seed: int
         status = "error"
     return {"student": student, "file": path, "status": status, "score": data.get("score", 0.0),
             "max_score": data.get("max_score"), "tests": data.get("tests", []),
-            "error": "" if status == "ok" else (done.stdout + done.stderr).strip()[-500:],
+            "error": "" if status == "ok" else _last_lines(done.stdout + done.stderr),
             "elapsed": time.perf_counter() - started}
+
+
+def _last_lines(text: str, count: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-count:])
 
 
 def grade(problem: Problem, folder: str, out_csv: str, profile: str = "default", seed: int = 0,
@@ -256,21 +311,29 @@ def grade(problem: Problem, folder: str, out_csv: str, profile: str = "default",
             results.append(future.result())
             if progress:
                 progress(results[-1])
-    write_gradebook(results, out_csv)
+    # A submission judged no test (a timeout, a judge that died) is still out of the class's maximum.
+    class_max = max((r["max_score"] for r in results if r.get("max_score")), default=None)
+    for r in results:
+        if not r.get("max_score"):
+            r["max_score"] = class_max
+    write_gradebook(results, out_csv, run={"problem": problem.number, "seed": seed, "profile": profile,
+                                           "tests": tests_root or "practice", "when": time.time()})
     return results
 
 
-def write_gradebook(results: list[dict], out_csv: str):
+def write_gradebook(results: list[dict], out_csv: str, run: dict | None = None):
+    """grades.csv (a column per test) and grades.json (every message, the run's seed and profile, a summary)."""
     test_names = sorted({t["name"] for r in results for t in r["tests"]})
     with open(out_csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "score", "max_score", "status", *test_names, "file"])
         for r in results:
             scores = {t["name"]: t["score"] for t in r["tests"]}
-            writer.writerow([r["student"], r["score"], r.get("max_score") or "", r["status"],
-                             *[scores.get(n, 0) for n in test_names], r["file"]])
+            writer.writerow([r["student"], f"{r['score']:g}", f"{r['max_score']:g}" if r.get("max_score") else "",
+                             r["status"], *[f"{scores.get(n, 0):g}" for n in test_names], r["file"]])
     with open(os.path.splitext(out_csv)[0] + ".json", "w", encoding="utf-8") as f:
-        json.dump({"results": results, "summary": common_failures(results)}, f, indent=1, ensure_ascii=False)
+        json.dump({**(run or {}), "results": results, "summary": common_failures(results)}, f, indent=1,
+                  ensure_ascii=False)
 
 
 def common_failures(results: list[dict], top: int = 5) -> list[dict]:
@@ -281,6 +344,6 @@ def common_failures(results: list[dict], top: int = 5) -> list[dict]:
             if t["outcome"] != "passed":
                 key = (t["name"], t.get("kind") or "fail")
                 counts[key] += 1
-                example.setdefault(key, (t.get("message") or "").splitlines()[0][:160] if t.get("message") else "")
+                example.setdefault(key, first_line(t.get("message") or ""))
     return [{"test": name, "kind": kind, "students": n, "example": example[(name, kind)]}
             for (name, kind), n in counts.most_common(top)]

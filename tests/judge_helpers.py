@@ -16,3 +16,41 @@ def judge(tmp_path):
         return subprocess.run([sys.executable, os.path.join(ROOT, "judge.py"), *map(str, args)], cwd=ROOT,
                               capture_output=True, text=True, input=input, timeout=timeout, env=full_env)
     return run
+
+
+class ProblemWithPracticeFile:
+    """A catalogue problem whose practice file is somewhere else (tests never edit practice/)."""
+
+    def __init__(self, problem, path):
+        self._problem, self._path = problem, str(path)
+
+    def __getattr__(self, name):
+        return getattr(self._problem, name)
+
+    def practice_file(self, root=None):
+        return self._path
+
+
+STUB_113 = os.path.join(ROOT, "practice/113_ddp_buckets/ddp_buckets.py")
+MAKE_BUCKETS_STUB = '''    raise NotImplementedError("make_buckets: see README.md, 'make_buckets'")'''
+
+
+def with_make_buckets(body: str) -> str:
+    """Problem 113's stub with make_buckets implemented by ``body`` (indented 4), the rest untouched."""
+    stub = open(STUB_113, encoding="utf-8").read()
+    assert MAKE_BUCKETS_STUB in stub
+    return stub.replace(MAKE_BUCKETS_STUB, body.rstrip("\n"))
+
+
+# make_buckets that closes a bucket one byte early: fails the statement's first example
+BUGGY_MAKE_BUCKETS = '''    buckets, current, used = [], [], 0
+    for i in reversed(range(len(sizes))):
+        if current and used + sizes[i] >= cap:
+            buckets.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += sizes[i]
+    if current:
+        buckets.append(current)
+    return buckets
+'''

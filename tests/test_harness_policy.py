@@ -32,6 +32,11 @@ def via_async_work():
     dist.all_reduce(torch.ones(2), async_op=True).wait()
 
 
+def via_functional_collective():
+    import torch.distributed._functional_collectives as funcol
+    funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).wait()
+
+
 def via_ddp_reducer():
     # init_sync=False: no construction broadcast, so only the reducer's own all_reduce in backward can trip
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2), init_sync=False)
@@ -39,7 +44,8 @@ def via_ddp_reducer():
 
 
 @pytest.mark.parametrize("fn", [via_dist, via_from_import, via_distributed_c10d, via_process_group_method,
-                                via_async_work, via_ddp_reducer], ids=lambda f: f.__name__)
+                                via_async_work, via_functional_collective, via_ddp_reducer],
+                         ids=lambda f: f.__name__)
 def test_forbidden_all_reduce_is_caught_on_every_path(fn):
     with pytest.raises(harness.ForbiddenOp) as info:
         harness.run(fn, 2, **NO_ALL_REDUCE)
@@ -133,11 +139,6 @@ def test_other_ops_stay_allowed_and_the_world_is_reused_after_a_forbidden_op():
 
 # ---- bypassing the tracer -----------------------------------------------------------------------
 
-def functional_collective():
-    import torch.distributed._functional_collectives as funcol
-    return funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).tolist()
-
-
 def inference_mode_tensor():
     with torch.inference_mode():
         t = torch.ones(2)
@@ -145,7 +146,8 @@ def inference_mode_tensor():
     return t.tolist()
 
 
-def replaced_c10d_kernel():
+def replace_the_c10d_kernel(allow_override: bool):
+    import inspect
     c10d_ops = getattr(torch, "ops").c10d   # (cloudpickle 2.1 cannot ship a function that names torch.ops)
     original = c10d_ops.allreduce_.default
 
@@ -153,19 +155,39 @@ def replaced_c10d_kernel():
         with torch._C._AutoDispatchBelowAutograd():
             return original(*args, **kwargs)
     lib = torch.library.Library("c10d", "IMPL")
-    lib.impl("allreduce_", untraced, "AutogradCPU")
-    replaced_c10d_kernel.keep = lib
+    asks = "allow_override" in inspect.signature(lib.impl).parameters
+    lib.impl("allreduce_", untraced, "AutogradCPU", **({"allow_override": allow_override} if asks else {}))
+    replace_the_c10d_kernel.keep = lib
     t = torch.ones(2)
     dist.all_reduce(t)
     return t.tolist()
 
 
-@pytest.mark.parametrize("fn", [functional_collective, inference_mode_tensor, replaced_c10d_kernel],
+def replaced_c10d_kernel():
+    return replace_the_c10d_kernel(allow_override=True)   # an attacker asks for the override where torch offers one
+
+
+def replaced_c10d_kernel_without_asking():
+    return replace_the_c10d_kernel(allow_override=False)   # what torch < 2.12 does by default: it refuses
+
+
+# Replacing the tracer's kernel has two safe outcomes, depending on torch: some versions refuse a second
+# Python kernel for the same op and key (the rank raises that RuntimeError), the others run the
+# replacement and the op counters expose the untraced all_reduce.
+TORCH_REFUSES_A_SECOND_KERNEL = "already a kernel registered from python overriding allreduce_"
+
+
+@pytest.mark.parametrize("fn", [inference_mode_tensor, replaced_c10d_kernel, replaced_c10d_kernel_without_asking],
                          ids=lambda f: f.__name__)
 def test_bypassing_the_tracer_is_caught(fn):
     before = pids(2)
-    with pytest.raises(harness.TraceTampered, match="ran 1 communication ops but the harness traced 0"):
+    with pytest.raises((harness.TraceTampered, harness.RankError)) as info:
         harness.run(fn, 2, timeout=10)
+    if isinstance(info.value, harness.RankError):
+        assert fn is not inference_mode_tensor, str(info.value)
+        assert info.value.exc_type == "RuntimeError" and TORCH_REFUSES_A_SECOND_KERNEL in info.value.exc_message
+        return   # nothing ran untraced: torch stopped it before any op
+    assert "ran 1 communication ops but the harness traced 0" in str(info.value)
     assert_fresh_world_works(2, before)   # a tampered world is never reused
 
 

@@ -1,8 +1,10 @@
 """The trace the harness records inside the ranks: every field a problem's tests assert on."""
+import pytest
 import torch
 import torch.distributed as dist
 
 import harness
+from harness._tracer import Policy
 from tests.harness_helpers import source_at
 
 
@@ -153,3 +155,102 @@ def test_each_call_has_its_own_trace():
     second = harness.run(p2p_pair, 2, timeout=10).trace
     assert len(first.ops(0)) == 5 and [op.kind for op in second.ops(0)] == ["send"]
     assert second.phases(0) == [] and second.ops(0)[0].index == 0
+
+
+def functional_all_reduce():
+    import torch.distributed._functional_collectives as funcol
+    x = torch.ones(3, requires_grad=True)
+    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    y.sum().backward()   # torch's autograd formula for it still runs: its backward all_reduces too
+    return x.grad.tolist()
+
+
+def test_a_functional_all_reduce_is_traced_like_any_op():
+    values, trace = harness.run(functional_all_reduce, 2, timeout=30)
+    assert values == [[4.0] * 3] * 2
+    forward, backward = trace.ops(0)
+    assert (forward.kind, forward.name) == ("all_reduce", "_c10d_functional.all_reduce.default")
+    assert forward.in_bytes == forward.out_bytes == 12 and forward.group == (0, 1)
+    assert source_at(forward.site) == 'y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)'
+    assert forward.wait_end is not None and forward.blocking is False   # waited on first use, in the next line
+    assert backward.kind == "all_reduce" and backward.index == 1
+
+
+# ---- what a call can ask the harness to measure or change (Policy fields) --------------------------
+
+def ring_attention_step(overlap: bool):
+    """One step of a ring: post the next KV block's exchange, attend to the current block, wait.
+    The realistic bug waits right after posting, so nothing runs while the block is in flight."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    q, k, v = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    next_k = torch.empty(4, 8)
+    works = [dist.isend(k, (rank + 1) % n), dist.irecv(next_k, (rank - 1) % n)]
+    if not overlap:
+        for work in works:
+            work.wait()
+    out = torch.softmax(q @ k.T / 8 ** 0.5, dim=-1) @ v   # mm, _softmax, mm
+    if overlap:
+        for work in works:
+            work.wait()
+    return out.shape[0]
+
+
+def test_compute_between_counts_what_a_rank_computes_while_its_messages_are_in_flight():
+    overlapped = harness.run(ring_attention_step, 3, True, record_compute=True, timeout=30).trace
+    wait_first = harness.run(ring_attention_step, 3, False, record_compute=True, timeout=30).trace
+    for rank in range(3):
+        assert [op.compute_between for op in overlapped.ops(rank)] == [3, 3]   # q @ k.T, softmax, @ v
+        assert [op.compute_between for op in wait_first.ops(rank)] == [0, 0]
+
+
+def test_compute_between_is_none_unless_asked_for_and_zero_for_a_blocking_op():
+    untimed = harness.run(ring_attention_step, 2, True, timeout=30).trace
+    assert [op.compute_between for op in untimed.ops(0)] == [None, None]
+    blocking = harness.run(one_all_reduce, 2, record_compute=True, timeout=30).trace
+    assert blocking.ops(0)[0].compute_between == 0
+
+
+def send_ones_twice():
+    t = torch.ones(3)
+    if dist.get_rank() == 0:
+        dist.send(t, 1)
+        dist.isend(t, 1).wait()
+        return t.tolist()
+    first, second = torch.empty(3), torch.empty(3)
+    dist.recv(first, 0)
+    ops = dist.batch_isend_irecv([dist.P2POp(dist.irecv, second, 0)])
+    for work in ops:
+        work.wait()
+    return [first.tolist(), second.tolist()]
+
+
+@pytest.mark.parametrize("nth", [0, 1])
+def test_perturb_changes_only_the_nth_send_as_it_travels(nth):
+    values, trace = harness.run(send_ones_twice, 2, perturb=(0, nth), timeout=30)
+    sent = [[1.0] * 3, [1.0] * 3]
+    sent[nth] = [2.0] * 3
+    assert values == [[1.0] * 3, sent]   # rank 0's own tensor is still ones
+    assert [op.perturbed for op in trace.ops(0)] == [i == nth for i in range(2)]
+    assert not any(op.perturbed for op in trace.ops(1))
+
+
+def test_perturb_names_a_rank_and_a_send_index():
+    with pytest.raises(ValueError, match="perturb must be"):
+        Policy(perturb=(0,))
+    assert Policy(perturb=[1, 2]).perturb == (1, 2) and Policy().perturb is None
+
+
+def compiled_all_reduce():
+    @torch.compile(backend="eager")
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)   # dynamo turns it into a functional all_reduce
+        return y + 1
+    return step(torch.ones(3)).tolist()
+
+
+def test_a_compiled_functions_collectives_are_traced_once():
+    """torch.compile first traces with fake tensors, which send nothing: only the real run is recorded."""
+    values, trace = harness.run(compiled_all_reduce, 2, timeout=120)
+    assert values == [[5.0] * 3] * 2
+    assert [op.kind for op in trace.ops(0)] == ["all_reduce"] and trace.ops(0)[0].in_bytes == 12

@@ -84,14 +84,23 @@ def all_reduce_then_rewrite_the_record():
     from harness import _tracer
     t = torch.ones(4)
     dist.all_reduce(t)
-    op = _tracer._RECORDER.ops[0]
-    op.update(kind="broadcast", in_bytes=1, site="elsewhere.py:1")
-    _tracer._RECORDER.phases.append({"rank": dist.get_rank(), "name": "forged", "step": 0, "start": 0, "end": 1})
+    _tracer._RECORDER.ops[0].update(kind="broadcast", in_bytes=1, site="elsewhere.py:1")
     return t.tolist()
 
 
-def test_rewriting_op_records_after_the_fact_changes_nothing():
-    result = harness.run(all_reduce_then_rewrite_the_record, 2, timeout=30)
+def test_rewriting_op_records_after_the_fact_is_caught():
+    with pytest.raises(harness.TraceTampered, match="differ from what it streamed"):
+        harness.run(all_reduce_then_rewrite_the_record, 2, timeout=30)
+
+
+def all_reduce_then_forge_a_phase():
+    from harness import _tracer
+    dist.all_reduce(torch.ones(4))
+    _tracer._RECORDER.phases.append({"rank": dist.get_rank(), "name": "forged", "step": 0, "start": 0, "end": 1})
+
+
+def test_a_phase_added_after_the_fact_is_not_in_the_trace():
+    result = harness.run(all_reduce_then_forge_a_phase, 2, timeout=30)
     for rank in range(2):
         (op,) = result.trace.ops(rank)
         assert (op.kind, op.in_bytes) == ("all_reduce", 16) and "test_harness_trust.py" in op.site
@@ -162,3 +171,13 @@ def test_a_rank_cannot_find_another_ranks_inputs_or_the_expected_values():
     expected_values = {"answer": secret}   # held by the test process only  # noqa: F841
     found = harness.run(search_this_process_for, 3, harness.per_rank([None, secret, None]), timeout=60).values
     assert found == ["not found", "my own input", "not found"]
+
+
+def storage_bytes(x):
+    return x.untyped_storage().nbytes()
+
+
+def test_a_view_sent_to_one_rank_does_not_carry_the_other_ranks_elements():
+    whole = torch.arange(1000, dtype=torch.float32)
+    sizes = harness.run(storage_bytes, 4, harness.per_rank(list(whole.chunk(4))), timeout=60).values
+    assert sizes == [1000] * 4   # 250 float32 each: only its own chunk, not the 4000-byte storage

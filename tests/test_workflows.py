@@ -6,7 +6,7 @@ import threading
 import time
 
 from harness import catalogue, workflows
-from tests.judge_helpers import ROOT, judge  # noqa: F401  (fixture)
+from tests.judge_helpers import ROOT, ProblemWithPracticeFile, judge  # noqa: F401  (fixture)
 
 REFERENCE = os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")
 
@@ -19,11 +19,27 @@ def test_hints_come_one_at_a_time_then_stop(judge):
     assert "No more hints" in judge(113, "--hint").stdout
 
 
-def test_progress_is_recorded_and_shown(judge):
+def _full_marks(number: int) -> float:
+    """The points of every public test of a problem (its test functions, read with ast)."""
+    import ast
+    problem = catalogue.load()[number]
+    names = [node.name for f in os.listdir(problem.tests_dir()) if f.startswith("test_") and f.endswith(".py")
+             for node in ast.parse(open(os.path.join(problem.tests_dir(), f)).read()).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    return sum(problem.points_for(n) for n in names)
+
+
+def test_progress_is_recorded_and_shown_and_watch_records_the_whole_score(judge, tmp_path):
+    """#6: --watch (judge.py --brief inside) stopped at the first failure and saved that partial score."""
     judge(113, "--profile", "quick", "-k", "nothing_matches_this")  # a usage error records nothing
-    judge(113, "--profile", "quick", "--seed", 1)
-    listing = judge().stdout
-    assert "failing (0/14)" in listing
+    assert not (tmp_path / "state" / "progress.json").exists()
+    out = judge(113, "--brief", "--profile", "quick", "--seed", 1)
+    assert out.returncode == 1
+    full = _full_marks(113)
+    assert f"score: 0/{full:g} " in out.stdout
+    saved = json.loads((tmp_path / "state" / "progress.json").read_text())["problems"]["113"]
+    assert saved["max_score"] == full
+    assert f"failing (0/{full:g})" in judge().stdout
 
 
 def test_is_stub_recognises_stubs_only():
@@ -42,7 +58,7 @@ class _ScratchProblem:
     """Problem 113's names and stub, but a practice file in a temp folder (tests run in parallel)."""
 
     def __init__(self, path):
-        self.path, self.folder, self.file = str(path), "113_ddp_buckets", "ddp_buckets.py"
+        self.path, self.folder, self.file, self.number = str(path), "113_ddp_buckets", "ddp_buckets.py", 113
         self.names = catalogue.load()[113].names
 
     def practice_file(self):
@@ -65,6 +81,45 @@ def test_reset_restores_the_stub_and_keeps_a_backup(tmp_path, monkeypatch):
 
 
 _real_pristine = workflows.pristine_stub
+
+
+def test_reset_without_a_terminal_is_a_usage_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """#2: `judge.py 113 --reset < /dev/null` died with a raw EOFError."""
+    import io
+    import judge as judge_cli
+    mine = tmp_path / "ddp_buckets.py"
+    mine.write_text("# my work in progress\n")
+    real = catalogue.load()
+    problems = {**real, 113: ProblemWithPracticeFile(real[113], mine)}
+    monkeypatch.setattr(catalogue, "load", lambda: problems)
+    monkeypatch.setattr(workflows, "STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))   # what `< /dev/null` gives input()
+    assert judge_cli.main(["113", "--reset"]) == 4
+    err = capsys.readouterr().err
+    assert "no answer to read" in err and "--reset --yes" in err and "Traceback" not in err
+    assert mine.read_text() == "# my work in progress\n"
+    assert judge_cli.main(["113", "--reset", "--yes"]) == 0
+    assert workflows.is_stub(mine.read_text(), real[113].names)
+
+
+def test_selfcheck_checks_the_committed_stub_not_the_learners_solved_file(tmp_path):
+    """#1: after 113 was solved, selfcheck called the learner's file "the stub" and reported a SURPRISE."""
+    solved = tmp_path / "ddp_buckets.py"
+    shutil.copy(REFERENCE, solved)
+    problem = ProblemWithPracticeFile(catalogue.load()[113], solved)
+    hidden = tmp_path / "hidden" / "113_ddp_buckets"   # one small test keeps this fast
+    hidden.mkdir(parents=True)
+    (hidden / "test_small.py").write_text(
+        "import harness\n\n"
+        "def _buckets(target, sizes, cap):\n    return target.load().make_buckets(sizes, cap)\n\n"
+        "def test_bucket_cap_of_one_byte(target):\n"
+        "    got = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
+        "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")
+    rows = {r["target"]: r for r in workflows.selfcheck_problem(problem, tests_root=str(tmp_path / "hidden"))}
+    assert rows["reference"]["ok"], rows["reference"]
+    assert rows["stub"]["ok"] and rows["stub"]["detail"] == "scores 0, 'not implemented yet'", rows["stub"]
+    assert rows["stub"]["path"] == "practice/113_ddp_buckets/ddp_buckets.py (git)"
+    assert solved.read_text() == open(REFERENCE).read()
 
 
 def test_watch_rejudges_after_each_save(tmp_path):
@@ -147,8 +202,9 @@ _t.Recorder.waiting = lambda self, work: None
     out = judge("grade", 113, subs, "--out", out_csv, "--profile", "quick", "--jobs", 2, timeout=1200)
     assert out.returncode == 0, out.stdout + out.stderr
     results = {r["student"]: r for r in json.loads((tmp_path / "grades.json").read_text())["results"]}
-    assert results["correct"]["score"] == 14
-    assert 0 < results["wrong"]["score"] < 14
+    full = results["correct"]["max_score"]
+    assert results["correct"]["score"] == full
+    assert 0 < results["wrong"]["score"] < full
     for student in ("hanging", "crashing"):
         assert results[student]["status"] == "ok" and results[student]["score"] < 14
     kinds = {t["name"]: t["kind"] for t in results["hanging"]["tests"] if t["outcome"] != "passed"}
@@ -156,7 +212,7 @@ _t.Recorder.waiting = lambda self, work: None
     kinds = {t["name"]: t["kind"] for t in results["crashing"]["tests"] if t["outcome"] != "passed"}
     assert "crash" in kinds.values(), kinds
     # an honest synchronous version loses the overlap test's 3 points; cheating must not do better
-    assert results["cheating"]["score"] <= 11
+    assert results["cheating"]["score"] <= full - 3
     assert any("tracer was modified" in t["message"] for t in results["cheating"]["tests"])
     header = out_csv.read_text().splitlines()[0]
     assert header.startswith("student,score,max_score,status,") and "test_timeline" in header

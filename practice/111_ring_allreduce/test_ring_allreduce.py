@@ -2,12 +2,11 @@
 
 Learner code runs only on the ranks (``harness.run``); expected values and every
 assertion live here, in the test process.  What was sent, and to whom, comes from
-the harness's trace.
+the harness's trace.  Each rank receives only its own tensor (``harness.per_rank``).
 """
 import math
 
 import torch
-import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
@@ -58,26 +57,39 @@ def gather_cases(draw):
     return case
 
 
-def _invoke(target, name, shape, dtype, seed, group=None):
-    """Runs on every rank: one of the learner's functions on this rank's input, inside a phase named after it."""
-    x = rank_input(shape, dtype, seed, dist.get_rank())
+def _invoke(target, name, x, group=None):
+    """Runs on every rank: one of the learner's functions on this rank's own input, inside a phase named after it."""
     kept = x.clone()
     with harness.phase(name):
         out = getattr(target.load(), name)(x, group)
     return {"input": kept, "after": x, "out": out, "same_object": out is x}
 
 
+def own_inputs(case, shape, ranks=None):
+    """per_rank: each rank's own tensor, and nothing of the others' (None outside ``ranks``)."""
+    ranks = range(case["world_size"]) if ranks is None else ranks
+    return harness.per_rank([rank_input(shape, case["dtype"], case["seed"], r) if r in ranks else None
+                             for r in range(case["world_size"])])
+
+
 def _run(target, name, case):
-    return harness.run(_invoke, case["world_size"], target, name, case["shape"], case["dtype"], case["seed"])
+    return harness.run(_invoke, case["world_size"], target, name, own_inputs(case, case["shape"]))
 
 
-def _call_all(target, shape, dtype, seed, chunk_shape, group_ranks=None):
-    """Runs on every rank: all three functions, each in its own phase; with ``group_ranks``, on that sub-group."""
+def _call_all(target, mine, group_ranks=None):
+    """Runs on every rank: all three functions on this rank's own inputs, each in its own phase; with
+    ``group_ranks``, on that sub-group."""
     with member_group(group_ranks) as (group, _, index):
         if index is None:
             return None
-        return [_invoke(target, name, chunk_shape if name == "ring_all_gather" else shape, dtype, seed, group)
-                for name in NAMES]
+        return [_invoke(target, name, x, group) for name, x in zip(NAMES, mine)]
+
+
+def _run_all(target, case, chunk_shape, members=None):
+    """All three functions on every rank (or on the group of ``members``), each on its own fresh input."""
+    inputs = [own_inputs(case, shape, members).values
+              for shape in (case["shape"], case["shape"], chunk_shape)]   # one tensor per call: each is changed
+    return harness.run(_call_all, case["world_size"], target, harness.per_rank(zip(*inputs)), group_ranks=members)
 
 
 # ---- values ------------------------------------------------------------------------------------
@@ -143,10 +155,6 @@ def test_all_gather_concatenates_in_rank_order(target, case):
 
 # ---- communication, from the trace -------------------------------------------------------------
 
-def _run_all(target, case, chunk_shape):
-    return harness.run(_call_all, case["world_size"], target, case["shape"], case["dtype"], case["seed"], chunk_shape)
-
-
 def check_ring_peers(trace, ring):
     """Each send goes to the next rank of ``ring`` (global ranks, in ring order), each recv comes from the previous."""
     for i, rank in enumerate(ring):
@@ -192,6 +200,62 @@ def test_bytes_within_ring_bound(target, case, chunk_rows):
                           "never the whole tensor", rank=rank)
 
 
+# ---- the messages decide the result ----------------------------------------------------------
+
+@st.composite
+def whole_number_cases(draw):
+    """A float64 all-reduce of at least one element on 2-4 ranks, inputs whole numbers: every sum is exact."""
+    world = draw(hs.world_sizes(2))
+    numel = draw(hs.numels(world).filter(bool))
+    return dict(world_size=world, shape=draw(hs.shapes(numel)), dtype=torch.float64, seed=draw(hs.seeds()))
+
+
+def whole_number_inputs(case):
+    return harness.per_rank(rank_input(case["shape"], torch.int64, case["seed"], r).double()
+                            for r in range(case["world_size"]))
+
+
+def elements(op) -> int:
+    """How many elements a message carries."""
+    return sum(math.prod(shape) for shape in op.shapes)
+
+
+@hs.fewer_examples(0.5)
+@given(whole_number_cases(), st.data())
+def test_all_reduce_depends_on_its_messages(target, case, data):
+    n, inputs = case["world_size"], whole_number_inputs(case)
+    plain, trace = harness.run(_invoke, n, target, "ring_all_reduce", inputs)
+    sends = [(rank, k) for rank in range(n) for k, op in enumerate(trace.ops(rank, "send")) if elements(op)]
+    harness.check(bool(sends), f"ring_all_reduce of {_describe(case)}: no rank sent a message with any element "
+                  "in it; the sum can only reach the other ranks through the ring's messages")
+    rank, k = data.draw(st.sampled_from(sends), label="the perturbed send (rank, its k-th send from 0)")
+    changed, perturbed_trace = harness.run(_invoke, n, target, "ring_all_reduce", inputs, perturb=(rank, k))
+    marked = [op for op in perturbed_trace.ops(rank, "send") if op.perturbed]
+    harness.check(len(marked) == 1, f"ring_all_reduce of {_describe(case)}: asked to perturb rank {rank}'s "
+                  f"send #{k}, but it sent only {len(perturbed_trace.ops(rank, 'send'))} messages on the second run",
+                  rank=rank)
+    op = marked[0]
+    carried = elements(op)
+    what = (f"ring_all_reduce of {_describe(case)}, run twice on the same inputs (whole numbers, so every sum is "
+            f"exact); the second time +1 was added to each of the {carried} elements of one message, rank "
+            f"{rank}'s send #{k}: {op.describe()}")
+    changes = {q: (changed[q]["out"] - plain[q]["out"]).flatten() for q in range(n)}
+    for q, diff in changes.items():
+        odd = ((diff != 0) & (diff != 1)).nonzero().flatten().tolist()
+        harness.check(not odd, f"{what}: the result on rank {q} changed by {diff[odd[0]].item() if odd else 0!r} "
+                      f"at flat index {odd[0] if odd else 0}; an element carried by that message gains exactly 1 "
+                      "(it is summed once, then copied), every other element stays as it was", rank=q)
+    moved = {q: (diff == 1).nonzero().flatten().tolist() for q, diff in changes.items()}
+    harness.check(len(moved[op.peer]) == carried,
+                  f"{what}: on rank {op.peer}, which received it, {len(moved[op.peer])} elements of the result "
+                  f"changed, expected the {carried} that message carried: a ring's messages decide its result "
+                  "(does the data travel some other way, with the messages only for show?)", rank=op.peer)
+    for q, positions in moved.items():
+        harness.check(not positions or positions == moved[op.peer],
+                      f"{what}: the result changed at flat indices {positions} on rank {q} but at "
+                      f"{moved[op.peer]} on rank {op.peer}; one message carries one set of elements", rank=q)
+
+
 # ---- groups ------------------------------------------------------------------------------------
 
 @st.composite
@@ -206,8 +270,7 @@ def group_cases(draw):
 @example(dict(world_size=4, shape=(5,), dtype=torch.float32, seed=0, members=[1, 3]), 2)
 def test_sub_group(target, case, chunk_rows):
     members = case["members"]
-    values, trace = harness.run(_call_all, case["world_size"], target, case["shape"], case["dtype"], case["seed"],
-                                (chunk_rows,), group_ranks=members)
+    values, trace = _run_all(target, case, (chunk_rows,), members)
     total, tolerance = expected_sum(case["shape"], case["dtype"], case["seed"], members)
     gathered = torch.cat([rank_input((chunk_rows,), case["dtype"], case["seed"], r) for r in members])
     for i, rank in enumerate(members):

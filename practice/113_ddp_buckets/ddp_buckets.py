@@ -49,6 +49,7 @@ class BucketedDDP(nn.Module):
         of a bucket's gradients are ready, launches ONE ``all_reduce(async_op=True)``
         of the bucket flattened into one tensor.
     ``finish_gradient_sync()`` waits for them all and writes the average into every .grad.
+    A second backward without zero_grad adds to .grad; its buckets carry that accumulated .grad.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_bytes: int):

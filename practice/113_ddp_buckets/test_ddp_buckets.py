@@ -47,9 +47,11 @@ def test_bucket_contract(target, sizes, cap):
     *examples, buckets = harness.run(_make_buckets, 1, target,
                                      [(s, c) for s, c, _ in STATEMENT_EXAMPLES] + [(sizes, cap)]).values[0]
     for (ex_sizes, ex_cap, expected), got in zip(STATEMENT_EXAMPLES, examples):
-        harness.check([list(b) for b in got] == expected,
-                      f"make_buckets({ex_sizes}, {ex_cap}) returned {got}, the statement's example says {expected}")
-    check_bucket_contract(sizes, cap, [list(b) for b in buckets])
+        call = f"make_buckets({ex_sizes}, {ex_cap})"
+        harness.expect_type(got, "list[list[int]]", call)
+        harness.check(got == expected, f"{call} returned {got}, the statement's example says {expected}", case=call)
+    harness.expect_type(buckets, "list[list[int]]", f"make_buckets({sizes}, {cap})")
+    check_bucket_contract(sizes, cap, buckets)
 
 
 # ---- comm_timeline and exposed_comm -------------------------------------------------------------
@@ -71,7 +73,7 @@ def timelines(draw):
 def _timeline(target, ready, buckets, sizes, bw, latency):
     m = target.load()
     return {
-        "spans": [tuple(s) for s in m.comm_timeline(ready, buckets, sizes, bw, latency)],
+        "spans": m.comm_timeline(ready, buckets, sizes, bw, latency),
         "exposed": m.exposed_comm(ready, buckets, sizes, bw, latency),
         "exposed_faster": m.exposed_comm(ready, buckets, sizes, bw * 2, latency),
         "one_bucket": m.exposed_comm(ready, [[i for b in buckets for i in b]], sizes, bw, latency),
@@ -86,8 +88,8 @@ def _close(a, b):
 def test_timeline(target, case):
     ready, buckets, sizes, bw, latency = case
     out = harness.run(_timeline, 1, target, *case).values[0]
-    spans = out["spans"]
     call = f"comm_timeline(ready={ready}, buckets={buckets}, sizes={sizes}, bw={bw}, latency={latency})"
+    spans = harness.expect_type(out["spans"], "list[tuple[float, float]]", call)
     harness.check(len(spans) == len(buckets), f"{call}: returned {len(spans)} spans for {len(buckets)} buckets")
     prev_end = 0.0
     for k, (bucket, (start, end)) in enumerate(zip(buckets, spans)):
@@ -111,7 +113,9 @@ def test_exposed_comm(target, case):
     ready, buckets, sizes, bw, latency = case
     out = harness.run(_timeline, 1, target, *case).values[0]
     call = f"exposed_comm(ready={ready}, buckets={buckets}, sizes={sizes}, bw={bw}, latency={latency})"
-    exposed, spans = out["exposed"], out["spans"]
+    exposed = harness.expect_type(out["exposed"], "float", call)
+    spans = harness.expect_type(out["spans"], "list[tuple[float, float]]",
+                                call.replace("exposed_comm", "comm_timeline", 1))
     harness.check(exposed >= 0, f"{call} = {exposed:g}: exposed communication is never negative")
     harness.check(_close(exposed, max(0.0, spans[-1][1] - max(ready))),
                   f"{call} = {exposed:g}, expected max(0, last end - last ready) = "
@@ -134,7 +138,7 @@ def test_exposed_comm(target, case):
 # ---- BucketedDDP on real ranks ------------------------------------------------------------------
 
 @st.composite
-def ddp_cases(draw):
+def ddp_cases(draw, micro_batches=st.just(1)):
     world_size = draw(hs.world_sizes())
     widths = draw(hs.mlp_widths(max_layers=3))
     n_params = 2 * (len(widths) - 1)
@@ -144,11 +148,15 @@ def ddp_cases(draw):
     cap = draw(st.sampled_from([1, min(sizes), sum(sizes) // 2 or 1, max(sizes), sum(sizes)]))
     return dict(world_size=world_size, widths=widths, frozen=frozen, cap=cap,
                 local_batch=draw(st.integers(1, 3)), steps=draw(st.integers(1, 3)),
-                optimizer=draw(hs.optimizers()), seed=draw(hs.seeds()))
+                optimizer=draw(hs.optimizers()), seed=draw(hs.seeds()), micro_batches=draw(micro_batches))
 
 
-def _ddp_train(target, widths, frozen, cap, local_batch, steps, optimizer, seed):
-    """Runs on every rank: build from a rank-specific init, wrap, train, report params and buckets."""
+def _ddp_train(target, widths, frozen, cap, local_batch, steps, optimizer, seed, micro_batches=1):
+    """Runs on every rank: build from a rank-specific init, wrap, train, report params and buckets.
+
+    Each step runs ``micro_batches`` backward passes, each followed by finish_gradient_sync(), without
+    zero_grad between them, then one optimizer step.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     model = random_mlp(widths, seed + 7919 * rank, frozen=frozen)
     same = random_mlp(widths, seed, frozen=frozen)
@@ -159,23 +167,44 @@ def _ddp_train(target, widths, frozen, cap, local_batch, steps, optimizer, seed)
     with harness.phase("construct"):
         ddp = target.load().BucketedDDP(model, cap)
     opt = optimizer.build([p for p in model.parameters() if p.requires_grad])
-    batches = random_batches(steps, local_batch * world, widths[0], widths[-1], seed + 1)
-    history = []
-    for step, (x, y) in enumerate(batches):
+    batches = random_batches(steps * micro_batches, local_batch * world, widths[0], widths[-1], seed + 1)
+    history, grads = [], []
+    for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = mse(ddp(shard(x, rank, world)), shard(y, rank, world))
-        with harness.phase("backward", step=step):
-            loss.backward()
-        with harness.phase("finish", step=step):
-            ddp.finish_gradient_sync()
+        for x, y in batches[step * micro_batches:(step + 1) * micro_batches]:
+            loss = mse(ddp(shard(x, rank, world)), shard(y, rank, world))
+            with harness.phase("backward", step=step):
+                loss.backward()
+            with harness.phase("finish", step=step):
+                ddp.finish_gradient_sync()
+        grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
         opt.step()
         history.append([p.detach().clone() for p in model.parameters()])
-    return {"history": history, "buckets": [list(b) for b in ddp.buckets]}
+    return {"history": history, "grads": grads, "buckets": [list(b) for b in ddp.buckets]}
 
 
 def _run_ddp(target, case):
     args = {k: v for k, v in case.items() if k != "world_size"}
     return harness.run(_ddp_train, case["world_size"], target, **args)
+
+
+def _torch_ddp_train(widths, frozen, local_batch, steps, optimizer, seed, micro_batches):
+    """torch's own DistributedDataParallel, trained exactly as _ddp_train trains BucketedDDP."""
+    from torch.nn.parallel import DistributedDataParallel
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = random_mlp(widths, seed, frozen=frozen)   # rank 0's init in _ddp_train, which BucketedDDP broadcasts
+    ddp = DistributedDataParallel(model)
+    opt = optimizer.build([p for p in model.parameters() if p.requires_grad])
+    batches = random_batches(steps * micro_batches, local_batch * world, widths[0], widths[-1], seed + 1)
+    history, grads = [], []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for x, y in batches[step * micro_batches:(step + 1) * micro_batches]:
+            mse(ddp(shard(x, rank, world)), shard(y, rank, world)).backward()
+        grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        opt.step()
+        history.append([p.detach().clone() for p in model.parameters()])
+    return {"history": history, "grads": grads}
 
 
 @given(ddp_cases())
@@ -191,6 +220,40 @@ def test_ddp_matches_single_process_training(target, case):
             for name, got, want in zip(names, got_params, want_params):
                 harness.assert_close(got, want, f"parameter {name} after {case['optimizer']}", rank=rank,
                                      step=step, atol=1e-9, rtol=1e-7)
+
+
+@hs.fewer_examples(0.3)
+@given(ddp_cases(micro_batches=st.integers(2, 3)))
+def test_gradients_accumulate_across_backward_passes(target, case):
+    values, _ = _run_ddp(target, case)
+    k = case["micro_batches"]
+    model = random_mlp(case["widths"], case["seed"], frozen=case["frozen"])
+    names = [n for n, _ in model.named_parameters()]
+    # k backward passes of the mean loss over micro-batches of equal size add up to the gradient of k times the
+    # mean loss over all of them: one full batch per step
+    batches = random_batches(case["steps"] * k, case["local_batch"] * case["world_size"], case["widths"][0],
+                             case["widths"][-1], case["seed"] + 1)
+    full_batches = [tuple(torch.cat(part) for part in zip(*batches[step * k:(step + 1) * k]))
+                    for step in range(case["steps"])]
+    expected = train_reference(model, full_batches, case["optimizer"], loss_fn=lambda out, y: k * mse(out, y))
+    # trusted torch code: a longer limit covers DDP's construction (its own broadcasts and checks)
+    oracle = harness.run(_torch_ddp_train, case["world_size"], case["widths"], case["frozen"], case["local_batch"],
+                         case["steps"], case["optimizer"], case["seed"], k, timeout=60).values
+    what = (f"{k} backward passes, each followed by finish_gradient_sync(), without zero_grad between them "
+            f"({case['optimizer']}, {case['world_size']} rank{'s' if case['world_size'] > 1 else ''})")
+    for rank, (out, torch_ddp) in enumerate(zip(values, oracle)):
+        for step in range(case["steps"]):
+            for name, got, want in zip(names, out["grads"][step], torch_ddp["grads"][step]):
+                if want is None:   # frozen
+                    continue
+                harness.check(got is not None, f"parameter {name} has no .grad after {what}", rank=rank, step=step)
+                harness.assert_close(got, want, f"gradient of {name} after {what}, against torch's "
+                                     "DistributedDataParallel: each backward adds to .grad, and the hook must "
+                                     "reduce the accumulated gradient, not only the new one", rank=rank, step=step,
+                                     atol=1e-9, rtol=1e-7)
+            for name, got, want in zip(names, out["history"][step], expected[step]):
+                harness.assert_close(got, want, f"parameter {name} after one step on gradients from {what}, "
+                                     "against single-process training", rank=rank, step=step, atol=1e-9, rtol=1e-7)
 
 
 @given(ddp_cases())

@@ -5,8 +5,9 @@
 
 Mixed-precision Adam on a bfloat16 MLP with a float32 master: Phi parameters, 2 bytes each.
 Measured on the ranks: the params, the gradients still held after step(), the master shard and
-the optimizer state (from the state tensors), and the bytes each collective carried (from the
-harness's trace).  Padding makes the measured shard S = ceil(Phi/N), a little above Phi/N.
+the optimizer state (every other tensor storage alive in the rank that construction and step()
+left behind, wherever it is kept: harness.memory), and the bytes each collective carried (from
+the harness's trace).  Padding makes the measured shard S = ceil(Phi/N), a little above Phi/N.
 """
 import os
 import sys
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import harness  # noqa: E402
-from harness.flat_shards import optimizer_state, reachable_optimizers, ring_wire_bytes  # noqa: E402
+from harness.flat_shards import ring_wire_bytes  # noqa: E402
 from harness.target_cli import target_from_command_line  # noqa: E402
 from harness.models import mse, random_mlp  # noqa: E402
 
@@ -26,20 +27,23 @@ WIDTHS = [64, 96, 96, 10]
 
 def _measure(target, stage):
     model = random_mlp(WIDTHS, 0, dtype=torch.bfloat16)
+    x = torch.randn(8, WIDTHS[0], dtype=torch.bfloat16)
+    y = torch.zeros(8, WIDTHS[-1], dtype=torch.bfloat16)
+    before = harness.live_storages(collect=False)
     opt = target.load().ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=stage,
                                          master_dtype=torch.float32, lr=1e-3)
-    x = torch.randn(8, WIDTHS[0], dtype=torch.bfloat16)
     opt.zero_grad()
-    mse(model(x), torch.zeros(8, WIDTHS[-1], dtype=torch.bfloat16)).backward()
+    mse(model(x), y).backward()
     with harness.phase("step"):
         opt.step()
+    params = list(model.parameters())
     local = [p for g in opt.local_optimizer.param_groups for p in g["params"]]
-    grads = [p.grad for p in list(model.parameters()) + local if p.grad is not None]
-    state = optimizer_state(reachable_optimizers(opt))["element_bytes"]
-    return {"params": sum(p.numel() * p.element_size() for p in model.parameters()),
+    grads = [p.grad for p in params + local if p.grad is not None]
+    # everything else step() left alive: the master shard and the optimizer state, wherever they are kept
+    optimizer = harness.live_tensor_bytes(exclude=[before, params, grads])
+    return {"params": sum(p.numel() * p.element_size() for p in params),
             "grads": sum(g.numel() * g.element_size() for g in grads),
-            "optimizer": state + sum(p.numel() * p.element_size() for p in local),
-            "world": dist.get_world_size()}
+            "optimizer": optimizer, "world": dist.get_world_size()}
 
 
 def main():

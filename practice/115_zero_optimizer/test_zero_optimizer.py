@@ -2,7 +2,8 @@
 
 Learner code runs only on the ranks (``harness.run``); expected values and every
 assertion live here, in the test process.  What was communicated comes from the
-harness's trace; memory is measured from the optimizers' state tensors.
+harness's trace; memory is measured from every tensor storage alive in the rank
+(``harness.memory``), wherever the ShardedOptimizer keeps it.
 """
 import math
 
@@ -12,8 +13,8 @@ from hypothesis import given, strategies as st
 
 import harness
 from harness import strategies as hs
-from harness.flat_shards import (mlp_widths_with_tiny, optimizer_state, owned_real, owned_slice, reachable_optimizers,
-                                 ring_wire_bytes, shard_size, states_per_element)
+from harness.flat_shards import (mlp_widths_with_tiny, owned_real, owned_slice, ring_wire_bytes, shard_size,
+                                 states_per_element)
 from harness.models import mse, random_batches, random_mlp, shard, train_reference
 
 FLOAT64 = ((torch.float64, None),)
@@ -39,14 +40,19 @@ def _describe(case):
 
 
 def _train(target, widths, stage, local_batch, steps, optimizer, seed, dtype=torch.float64, master_dtype=None,
-           start=0, resume=None, measure=False, save=False):
-    """Runs on every rank: the same model on every rank, local batches, ShardedOptimizer, steps start..steps-1."""
+           start=0, resume=None, measure=False, held_bound=None, save=False):
+    """Runs on every rank: the same model on every rank, local batches, ShardedOptimizer, steps start..steps-1.
+
+    With ``held_bound`` (bytes), also measures the tensor storage the ShardedOptimizer keeps after the last step.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     model = random_mlp(widths, seed, dtype=dtype)
     if resume is not None:
         with torch.no_grad():
             for p, saved in zip(model.parameters(), resume["params"]):
                 p.copy_(saved)
+    # every storage alive before construction (held, so no later allocation can take one's address)
+    before = harness.live_storages(collect=False) if held_bound is not None else None
     with harness.phase("construct"):
         opt = target.load().ShardedOptimizer(model.parameters(), optimizer.cls, stage=stage,
                                              master_dtype=master_dtype, **optimizer.kwargs)
@@ -63,6 +69,14 @@ def _train(target, widths, stage, local_batch, steps, optimizer, seed, dtype=tor
             opt.step()
         history.append([p.detach().clone() for p in model.parameters()])
     out = {"history": history}
+    if held_bound is not None:
+        # What the ShardedOptimizer keeps, wherever it keeps it: every storage alive now, less what existed before
+        # construction and what this function holds (the model's params and gradients, the data, the history).
+        # Storages of 8 bytes or less are the optimizers' step counters, and are not counted.
+        params = list(model.parameters())
+        held = harness.live_storages(exclude=[before, params, [p.grad for p in params], batches, history],
+                                     larger_than=8, accept=held_bound)
+        out["held_bytes"], out["held"] = held.nbytes, held.describe()
     if measure:
         local = opt.local_optimizer
         out["local_type"] = type(local).__name__
@@ -70,11 +84,6 @@ def _train(target, widths, stage, local_batch, steps, optimizer, seed, dtype=tor
         out["local_params"] = [p.detach().clone() for g in getattr(local, "param_groups", []) for p in g["params"]]
         out["grad_bytes"] = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
                                 if p.grad is not None)
-        # measured from the state tensors of every optimizer the ShardedOptimizer holds, local_optimizer included
-        held = reachable_optimizers(opt)
-        if out["local_is_optimizer"] and all(o is not local for o in held):
-            held.append(local)
-        out["memory"] = optimizer_state(held)
     if save:
         with harness.phase("state_dict"):
             out["state"] = opt.state_dict()
@@ -83,7 +92,10 @@ def _train(target, widths, stage, local_batch, steps, optimizer, seed, dtype=tor
 
 def _run(target, case, **extra):
     args = {k: v for k, v in case.items() if k != "world_size"}
-    return harness.run(_train, case["world_size"], target, **args, **extra)
+    # a measurement walks every object in the rank (0.1 s or more a rank, and a full garbage collection when
+    # anything is left to report)
+    timeout = 30 if extra.get("held_bound") is not None else None
+    return harness.run(_train, case["world_size"], target, **args, **extra, timeout=timeout)
 
 
 def _expected(case):
@@ -189,7 +201,6 @@ def test_bf16_params_with_fp32_master(target, case):
 @hs.fewer_examples(0.5)
 @given(zero_cases(precisions=ANY_PRECISION))
 def test_optimizer_state_is_sharded(target, case):
-    values, _ = _run(target, case, measure=True)
     n, optimizer = case["world_size"], case["optimizer"]
     model = random_mlp(case["widths"], 0)
     numel = sum(p.numel() for p in model.parameters())
@@ -197,6 +208,9 @@ def test_optimizer_state_is_sharded(target, case):
     master = case["master_dtype"] or case["dtype"]
     element = torch.empty(0, dtype=master).element_size()
     states = states_per_element(optimizer)
+    # the master shard, its gradient, and the optimizer's per-element state: each S elements of the master dtype
+    bound = s * element * (2 + states)
+    values, _ = _run(target, case, measure=True, held_bound=bound)
     for rank, out in enumerate(values):
         harness.check(out["local_is_optimizer"],
                       "local_optimizer must be a torch.optim.Optimizer over this rank's shard, got "
@@ -216,13 +230,13 @@ def test_optimizer_state_is_sharded(target, case):
         harness.assert_close(got, owned_slice(final, n, rank)[:real],
                              f"local_optimizer's parameters (concatenated) against this rank's slice "
                              f"[{rank * s}, {rank * s + real}) of the flattened parameters", rank=rank, exact=True)
-        bound = s * element * states
-        mem = out["memory"]
-        harness.check(mem["element_bytes"] <= bound,
-                      f"optimizer state holds {mem['element_bytes']} bytes ({mem['tensors']}); {optimizer} keeps "
-                      f"{states} state value(s) per element, so a shard of S={s} {master} elements needs at most "
-                      f"S x {element} x {states} = {bound} bytes: the optimizer state is not sharded "
-                      f"({_describe(case)}, P={numel})", rank=rank)
+        harness.check(out["held_bytes"] <= bound,
+                      f"after step() this rank holds {out['held_bytes']} bytes of tensor storage beyond the model's "
+                      f"parameters and gradients: {out['held']}.  A shard of S={s} {master} elements needs at most "
+                      f"S x {element} x (1 master + 1 gradient + {states} state) = {bound} bytes ({optimizer} keeps "
+                      f"{states} state value(s) per element); a view into a full-size buffer costs the whole buffer: "
+                      f"the master copy or the optimizer state is not sharded ({_describe(case)}, P={numel})",
+                      rank=rank)
 
 
 @hs.fewer_examples(0.3)

@@ -21,6 +21,8 @@ class ShardedOptimizer:
         S = ceil(P / N); rank r owns elements [r*S, (r+1)*S).
       * ``self.local_optimizer = optimizer_cls([<this rank's S elements>], **opt_kwargs)``: a torch
         optimizer over this rank's shard only, kept in ``master_dtype`` (default: the params' dtype).
+        The shard owns its S elements (not a view into a full-size tensor): between steps a rank
+        keeps only S-element tensors besides the model's params and grads.
     """
 
     def __init__(self, params, optimizer_cls, stage=2, group=None, master_dtype=None, **opt_kwargs):

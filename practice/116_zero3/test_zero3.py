@@ -2,9 +2,12 @@
 
 Learner code runs only on the ranks (``harness.run``); expected values and every
 assertion live here, in the test process.  What was communicated comes from the
-harness's trace; who holds full parameters is observed by hooks the test installs.
+harness's trace; who holds full parameters is observed by hooks the test installs,
+and what memory stays alive is measured from every tensor storage in the rank and
+every tensor autograd saved (``harness.memory``), wherever the code keeps them.
 """
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -17,15 +20,16 @@ from harness.models import mse, random_batches, random_mlp, shard, train_referen
 
 
 @st.composite
-def fsdp_cases(draw, min_world=1):
+def fsdp_cases(draw, min_world=1, max_steps=3, micro_batches=st.just(1)):
     return dict(world_size=draw(hs.world_sizes(min_world)), widths=draw(mlp_widths_with_tiny()),
-                local_batch=draw(st.integers(1, 3)), steps=draw(st.integers(1, 3)),
-                optimizer=draw(hs.optimizers()), seed=draw(hs.seeds()))
+                local_batch=draw(st.integers(1, 3)), steps=draw(st.integers(1, max_steps)),
+                optimizer=draw(hs.optimizers()), seed=draw(hs.seeds()), micro_batches=draw(micro_batches))
 
 
 def _describe(case):
-    n = case["world_size"]
-    return f"widths={case['widths']}, {case['optimizer']}, {n} rank{'s' if n > 1 else ''}"
+    n, k = case["world_size"], case.get("micro_batches", 1)
+    accumulate = f", {k} backward passes per step" if k > 1 else ""
+    return f"widths={case['widths']}, {case['optimizer']}, {n} rank{'s' if n > 1 else ''}{accumulate}"
 
 
 def _layout(model):
@@ -68,26 +72,73 @@ def _watch(units, layout, seen):
     return note
 
 
-def _train(target, widths, local_batch, steps, optimizer, seed, watch=False, full_state=False):
-    """Runs on every rank: wrap the same model on every rank, train on local batches, report the shards."""
+def _record_activations(units, seen):
+    """Hooks that keep every unit's input and output tensors: the activations, which backward needs alive."""
+    for unit in units:
+        unit.register_forward_pre_hook(lambda m, args: seen.extend(a for a in args if isinstance(a, torch.Tensor)))
+        unit.register_forward_hook(lambda m, args, output: seen.append(output))
+
+
+def _still_held(when, before, exclude, saved=None):
+    """(when, bytes, description) of the storages alive now that were not before, less ``exclude``.
+
+    Every storage in the rank counts (found through gc: attributes, closures, dicts, ...), and so does
+    every storage autograd saved for backward in ``saved`` (C++ holds those, out of gc's sight).
+    """
+    held = harness.live_storages(exclude=[before, exclude])
+    words = held.describe()
+    if saved is not None:
+        only_saved = saved.storages(exclude=[before, exclude, held])
+        held = held | only_saved
+        if only_saved:
+            words += f"; held only by autograd, saved for backward: {only_saved.describe()}"
+    return when, held.nbytes, words
+
+
+def _train(target, widths, local_batch, steps, optimizer, seed, micro_batches=1, watch=False, full_state=False,
+           measure=False):
+    """Runs on every rank: wrap the same model on every rank, train on local batches, report the shards.
+
+    Each step runs ``micro_batches`` forward and backward passes, then one optimizer step.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     model = random_mlp(widths, seed)
     units, layout = list(model), _layout(model)
     with harness.phase("construct"):
         fsdp = target.load().FullyShardedModel(model)
-    out = {"initial": [p.detach().clone() for p in fsdp.parameters()], "history": [], "held": []}
+    out = {"initial": [p.detach().clone() for p in fsdp.parameters()], "history": [], "grads": [], "held": [],
+           "memory": []}
     note = _watch(units, layout, out["held"]) if watch else (lambda event, unit=None: None)
+    activations = []
+    if measure:
+        _record_activations(units, activations)
     note("after construction")
     opt = optimizer.build(fsdp.parameters())
-    for step, (x, y) in enumerate(random_batches(steps, local_batch * world, widths[0], widths[-1], seed + 1)):
+    batches = random_batches(steps * micro_batches, local_batch * world, widths[0], widths[-1], seed + 1)
+    for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        with harness.phase("forward", step=step):
-            prediction = fsdp(shard(x, rank, world))
-        note(f"step {step}: after the forward returned")
-        loss = mse(prediction, shard(y, rank, world))
-        with harness.phase("backward", step=step):
-            loss.backward()
-        note(f"step {step}: after loss.backward() returned")
+        for micro, (x, y) in enumerate(batches[step * micro_batches:(step + 1) * micro_batches]):
+            when = f"step {step}" + (f", backward pass {micro + 1} of {micro_batches}" if micro_batches > 1 else "")
+            activations.clear()
+            # held, so no storage allocated later can reuse an address and pass for one of these
+            before = harness.live_storages(collect=False) if measure else None
+            with harness.phase("forward", step=step), (harness.saved_for_backward() if measure else nullcontext()) \
+                    as saved:
+                prediction = fsdp(shard(x, rank, world))
+            note(f"{when}: after the forward returned")
+            shards = list(fsdp.parameters())
+            if measure:
+                out["memory"].append(_still_held(f"{when}: after the forward returned, before backward", before,
+                                                 [activations, prediction, shards], saved))
+            loss = mse(prediction, shard(y, rank, world))
+            with harness.phase("backward", step=step):
+                loss.backward()
+            note(f"{when}: after loss.backward() returned")
+            if measure:
+                out["memory"].append(_still_held(f"{when}: after loss.backward() returned", before,
+                                                 [activations, prediction, loss, shards, [p.grad for p in shards]],
+                                                 saved))
+        out["grads"].append([None if p.grad is None else p.grad.detach().clone() for p in fsdp.parameters()])
         opt.step()
         out["history"].append([p.detach().clone() for p in fsdp.parameters()])
     if full_state:
@@ -99,7 +150,10 @@ def _train(target, widths, local_batch, steps, optimizer, seed, watch=False, ful
 
 def _run(target, case, **extra):
     args = {k: v for k, v in case.items() if k != "world_size"}
-    return harness.run(_train, case["world_size"], target, **args, **extra)
+    # a measurement walks every object in the rank (0.1 s or more a rank, and a full garbage collection when
+    # anything is left to report)
+    timeout = 60 if extra.get("measure") else None
+    return harness.run(_train, case["world_size"], target, **args, **extra, timeout=timeout)
 
 
 def _check_shard_shapes(params, layout, n, rank):
@@ -112,11 +166,14 @@ def _check_shard_shapes(params, layout, n, rank):
                   f"of S = ceil(P/N) elements each: {want} ({units}, N={n})", rank=rank)
 
 
-def _assemble(values, layout, n, step=None):
-    """The full parameters, unit by unit, from every rank's shards (rank r's shard is elements [r*S, (r+1)*S))."""
+def _assemble(values, layout, n, step=None, key="history"):
+    """The full parameters (or, with key="grads", gradients), unit by unit, from every rank's shards.
+
+    Rank r's shard is elements [r*S, (r+1)*S) of the unit's flat, padded vector.
+    """
     full = []
     for u, (_, named, numel) in enumerate(layout):
-        shards = [out["initial"][u] if step is None else out["history"][step][u] for out in values]
+        shards = [out["initial"][u] if step is None else out[key][step][u] for out in values]
         full.extend(unflatten(torch.cat(shards), [s for _, s in named]))
     return full
 
@@ -163,6 +220,50 @@ def test_full_state_dict_matches_reference(target, case):
                                  f"({_describe(case)})", rank=rank, atol=1e-9, rtol=1e-7)
 
 
+def _accumulating_reference(case):
+    """Single process, full batches: k backward passes per step (the gradients add up in .grad), then one step.
+
+    Returns the parameter names, the gradients just before each step, and the parameters after it.
+    """
+    n, k = case["world_size"], case["micro_batches"]
+    model = random_mlp(case["widths"], case["seed"])
+    opt = case["optimizer"].build(model.parameters())
+    batches = random_batches(case["steps"] * k, case["local_batch"] * n, case["widths"][0], case["widths"][-1],
+                             case["seed"] + 1)
+    grads, history = [], []
+    for step in range(case["steps"]):
+        opt.zero_grad(set_to_none=True)
+        for x, y in batches[step * k:(step + 1) * k]:
+            mse(model(x), y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+        history.append([p.detach().clone() for p in model.parameters()])
+    return [name for name, _ in model.named_parameters()], grads, history
+
+
+@hs.fewer_examples(0.3)
+@given(fsdp_cases(max_steps=2, micro_batches=st.integers(2, 3)))
+def test_backward_passes_accumulate_into_shard_grads(target, case):
+    values, _ = _run(target, case)
+    n, k = case["world_size"], case["micro_batches"]
+    layout = _layout(random_mlp(case["widths"], 0))
+    names, grads, history = _accumulating_reference(case)
+    for step in range(case["steps"]):
+        for rank, out in enumerate(values):
+            missing = [i for (i, _, _), g in zip(layout, out["grads"][step]) if g is None]
+            harness.check(not missing, f"after {k} backward passes the shards of units {missing} have no .grad "
+                                       f"({_describe(case)})", rank=rank, step=step)
+        for name, got, want in zip(names, _assemble(values, layout, n, step, key="grads"), grads[step]):
+            harness.assert_close(got, want, f"gradient of {name}, reassembled from every rank's shard .grad after "
+                                 f"{k} backward passes without zero_grad (each backward adds its reduce-scattered "
+                                 f"gradient to the .grad already there, as torch does) ({_describe(case)})",
+                                 step=step, atol=1e-9, rtol=1e-7)
+        for name, got, want in zip(names, _assemble(values, layout, n, step), history[step]):
+            harness.assert_close(got, want, f"parameter {name}, reassembled from every rank's shard, after one "
+                                 f"optimizer step on gradients accumulated over {k} backward passes "
+                                 f"({_describe(case)})", step=step, atol=1e-9, rtol=1e-7)
+
+
 # ---- memory -------------------------------------------------------------------------------------
 
 @hs.fewer_examples(0.5)
@@ -194,6 +295,22 @@ def test_no_unit_holds_full_parameters_outside_its_own_pass(target, case):
                                  f"{shape} ({nbytes} bytes of storage): outside its own forward and backward a unit "
                                  "keeps only its 1/N shard; free the full parameters right after each use "
                                  f"({_describe(case)})", rank=rank)
+
+
+@hs.fewer_examples(0.3)
+@given(fsdp_cases(max_steps=2, micro_batches=st.integers(1, 2)))
+def test_gathered_parameters_do_not_stay_alive(target, case):
+    values, _ = _run(target, case, measure=True)
+    for rank, out in enumerate(values):
+        for when, nbytes, held in out["memory"]:
+            harness.check(nbytes == 0,
+                          f"{when}, this rank holds {nbytes} bytes of tensor storage that the pass created: {held}.  "
+                          "Beyond the activations (each unit's input and output), the shards and their gradients, "
+                          "nothing may outlive a unit's forward or backward: free the gathered full parameters' "
+                          "storage (untyped_storage().resize_(0)), do not just drop them from the unit's "
+                          "attributes; the views of them that autograd saved for backward, and any tensor your "
+                          "code keeps, are counted wherever they are held "
+                          f"({_describe(case)})", rank=rank)
 
 
 # ---- communication ------------------------------------------------------------------------------
@@ -230,8 +347,11 @@ def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, case):
 
 # ---- a second oracle: torch's FSDP2 -------------------------------------------------------------
 
-def _fsdp2_train(widths, local_batch, steps, optimizer, seed):
-    """torch.distributed.fsdp.fully_shard on every unit with parameters, then on the root."""
+def _fsdp2_train(widths, local_batch, steps, optimizer, seed, micro_batches=1):
+    """torch.distributed.fsdp.fully_shard on every unit with parameters, then on the root.
+
+    FSDP2 reduce-scatters after every backward and adds the result to the sharded .grad.
+    """
     from torch.distributed.fsdp import fully_shard
     rank, world = dist.get_rank(), dist.get_world_size()
     model = random_mlp(widths, seed)
@@ -241,13 +361,15 @@ def _fsdp2_train(widths, local_batch, steps, optimizer, seed):
     fully_shard(model)
     opt = optimizer.build(model.parameters())
     history = []
-    for step, (x, y) in enumerate(random_batches(steps, local_batch * world, widths[0], widths[-1], seed + 1)):
+    batches = random_batches(steps * micro_batches, local_batch * world, widths[0], widths[-1], seed + 1)
+    for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        with harness.phase("forward", step=step):
-            prediction = model(shard(x, rank, world))
-        loss = mse(prediction, shard(y, rank, world))
-        with harness.phase("backward", step=step):
-            loss.backward()
+        for x, y in batches[step * micro_batches:(step + 1) * micro_batches]:
+            with harness.phase("forward", step=step):
+                prediction = model(shard(x, rank, world))
+            loss = mse(prediction, shard(y, rank, world))
+            with harness.phase("backward", step=step):
+                loss.backward()
         opt.step()
         # this rank's dim-0 chunk of each parameter (full_tensor() would use untraced functional collectives)
         history.append([p.to_local().detach().clone() for p in model.parameters()])
@@ -255,12 +377,13 @@ def _fsdp2_train(widths, local_batch, steps, optimizer, seed):
 
 
 @hs.fewer_examples(0.2)
-@given(fsdp_cases(min_world=2))
+@given(fsdp_cases(min_world=2, micro_batches=st.integers(1, 2)))
 def test_matches_torch_fsdp2(target, case):
     values, trace = _run(target, case)
     # trusted torch code: a longer limit covers the first import of torch.distributed.fsdp in each rank
     oracle, oracle_trace = harness.run(_fsdp2_train, case["world_size"], case["widths"], case["local_batch"],
-                                       case["steps"], case["optimizer"], case["seed"], timeout=60)
+                                       case["steps"], case["optimizer"], case["seed"], case["micro_batches"],
+                                       timeout=60)
     model = random_mlp(case["widths"], 0)
     layout, names = _layout(model), [n for n, _ in model.named_parameters()]
     for step in range(case["steps"]):

@@ -21,7 +21,9 @@ class FullyShardedModel(nn.Module):
         [r*S_u, (r+1)*S_u) as one 1-D ``nn.Parameter``;
       * ``self.parameters()`` yields exactly these shards, one per child with parameters, in order;
       * the child's original parameter attributes (e.g. ``child.weight``) stay, but outside the
-        child's own forward and backward they hold no full-size data (storage freed, size 0).
+        child's own forward and backward they hold no full-size data (storage freed, size 0);
+        and no other tensor keeps the gathered memory alive either (autograd's saved views
+        included): free the storage with ``untyped_storage().resize_(0)``.
     """
 
     def __init__(self, module: nn.Sequential, group=None):
@@ -32,8 +34,8 @@ class FullyShardedModel(nn.Module):
         """Run the units in order.  Just before a unit runs, all_gather its full parameters; just after, free them.
 
         In backward, gather them again before the unit's backward; afterwards reduce_scatter its
-        full gradient, averaged over ranks, into the shard's ``.grad``, and free the full
-        parameters and gradient.
+        full gradient, averaged over ranks, and add it to the shard's ``.grad`` (set it when
+        there is none), then free the full parameters and gradient.
         """
         raise NotImplementedError("FullyShardedModel.forward: see README.md, 'The contract'")
 

@@ -3,12 +3,12 @@
 Learner code runs only on the ranks (``harness.run``); the full layers' outputs and
 gradients are computed here, in the test process, with plain single-process PyTorch.
 Which slice of the weights a rank holds is found by value (``harness.shard_match``),
-never by reading attribute names.
+never by reading attribute names.  Each rank receives the full layers (the contract) and
+only its own input and upstream gradient (``harness.per_rank``); the seed stays here.
 """
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 from torch import nn
@@ -41,18 +41,16 @@ def _rank_tensor(case, rank, salt, last=None):
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(case["dtype"])
 
 
-def _comm_function(target, name, case):
+def _comm_function(target, name, mine):
     """Runs on every rank: this rank's own x and upstream grad through one function, forward and backward."""
-    rank, n = dist.get_rank(), dist.get_world_size()
     fn = getattr(target.load(), name)
-    x = _rank_tensor(case, rank, 1).requires_grad_()
+    x = mine["x"].requires_grad_()
     with harness.phase("forward"):
         y = fn(x)
-    grad = _rank_tensor(case, rank, 2, last=case["shape"][-1] * (n if name == "gather_from_tp" else 1))
     out = {"y": y.detach().clone(), "x_grad": None, "x_after": x.detach().clone()}
-    if tuple(y.shape) == tuple(grad.shape):
+    if tuple(y.shape) == tuple(mine["grad"].shape):
         with harness.phase("backward"):
-            y.backward(grad)
+            y.backward(mine["grad"])
         out["x_grad"] = x.grad
     return out
 
@@ -73,10 +71,11 @@ def _op_list(kinds):
 
 def _check_comm_function(target, name, case, forward_ops, backward_ops, expect_y, expect_grad):
     n = case["n"]
-    values, trace = harness.run(_comm_function, n, target, name, case)
     xs = [_rank_tensor(case, r, 1) for r in range(n)]
     out_last = case["shape"][-1] * (n if name == "gather_from_tp" else 1)
     gs = [_rank_tensor(case, r, 2, last=out_last) for r in range(n)]
+    own = harness.per_rank({"x": x, "grad": g} for x, g in zip(xs, gs))   # no rank sees the others' x or grad
+    values, trace = harness.run(_comm_function, n, target, name, own)
     tol = TOLERANCE[case["dtype"]]
     for r, out in enumerate(values):
         _check_ops(trace, r, "forward", forward_ops, n, name)
@@ -250,47 +249,68 @@ def shards(case, r, n) -> dict:
     return out
 
 
-def _construct(m, case, layers, group):
-    kind = case["kind"]
+def _construct(m, spec, layers, group):
+    """Build the parallel layer that ``spec`` (a case without its seed) names, from the full layers."""
+    kind = spec["kind"]
     if kind == "column":
-        return m.ColumnParallelLinear(layers["fc"], gather_output=case["gather_output"], group=group)
+        return m.ColumnParallelLinear(layers["fc"], gather_output=spec["gather_output"], group=group)
     if kind == "row":
-        return m.RowParallelLinear(layers["fc"], input_is_parallel=case["input_is_parallel"], group=group)
+        return m.RowParallelLinear(layers["fc"], input_is_parallel=spec["input_is_parallel"], group=group)
     if kind == "mlp":
         return m.ParallelMLP(layers["fc1"], layers["fc2"], group=group)
-    return m.ParallelSelfAttention(layers["qkv"], layers["proj"], case["heads"], group=group)
+    return m.ParallelSelfAttention(layers["qkv"], layers["proj"], spec["heads"], group=group)
 
 
-def _tp_layer(target, case, tp_size=None):
+def layer_inputs_by_rank(case, where):
+    """per_rank, placed by ``where[rank] = (group index, rank in the group, group size)``: the full layers
+    (the constructors' contract), and the input and upstream gradient as that rank sees them: full, or only
+    its own slice where the layer's input or output is sharded (a copy, not a view of the full tensor)."""
+    inputs = []
+    for rank in range(len(where)):
+        index, r, n = where[rank]
+        x, grad = layer_inputs(case, index)
+        x = x[..., _own(x.shape[-1], r, n)].clone() if _sharded_input(case) else x
+        grad = grad[..., _own(grad.shape[-1], r, n)].clone() if _sharded_output(case) else grad
+        inputs.append({"layers": full_layers(case, index), "x": x, "grad": grad})
+    return harness.per_rank(inputs)
+
+
+def layer_spec(case) -> dict:
+    """What a rank needs to build the layer: its kind and options (the seed stays in the test process)."""
+    return {k: v for k, v in case.items() if k != "seed"}
+
+
+def _tp_layer(target, spec, mine, tp_size=None):
     """Runs on every rank: build the parallel layer from the full one, forward, backward, report."""
     m = target.load()
     if tp_size is None:
-        return _layer_step(m, case, None, dist.get_rank(), dist.get_world_size(), 0)
-    with contiguous_groups(tp_size) as (group, ranks, index):
-        return _layer_step(m, case, group, ranks.index(dist.get_rank()), tp_size, index)
+        return _layer_step(m, spec, mine, None)
+    with contiguous_groups(tp_size) as (group, _, _):
+        return _layer_step(m, spec, mine, group)
 
 
-def _layer_step(m, case, group, r, n, index):
-    layers = full_layers(case, index)
-    x, grad = layer_inputs(case, index)
+def _layer_step(m, spec, mine, group):
     with harness.phase("construct"):
-        layer = _construct(m, case, layers, group)
-    x = x[..., _own(x.shape[-1], r, n)] if _sharded_input(case) else x
-    x = x.clone().requires_grad_()
+        layer = _construct(m, spec, mine["layers"], group)
+    x = mine["x"].requires_grad_()
     with harness.phase("forward"):
         y = layer(x)
-    grad = grad[..., _own(grad.shape[-1], r, n)] if _sharded_output(case) else grad
     out = {"y": y.detach().clone(), "x_grad": None}
-    if tuple(y.shape) == tuple(grad.shape):
+    if tuple(y.shape) == tuple(mine["grad"].shape):
         with harness.phase("backward"):
-            y.backward(grad)
+            y.backward(mine["grad"])
         out["x_grad"] = x.grad
     out["held"] = held_tensors(layer)
     return out
 
 
-def _run_layers(target, case):
-    return harness.run(_tp_layer, case["n"], target, case)
+def run_layers(target, case, world=None, tp_size=None):
+    """The layer on case["n"] ranks; or, with ``tp_size``, on ``world`` ranks as groups of tp_size."""
+    if tp_size is None:
+        world, where = case["n"], {rank: (0, rank, case["n"]) for rank in range(case["n"])}
+    else:
+        where = {rank: (i, r, tp_size) for rank, (i, r) in positions(world, tp_size).items()}
+    return harness.run(_tp_layer, world, target, layer_spec(case), layer_inputs_by_rank(case, where), tp_size)
 
 
 def _describe(case) -> str:
@@ -327,31 +347,31 @@ def check_outputs_and_input_grads(case, values, index_of=lambda r: (0, r, None))
 @hs.fewer_examples(0.5)
 @given(tp_cases(("column",)))
 def test_column_parallel_linear(target, case):
-    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+    check_outputs_and_input_grads(case, run_layers(target, case).values)
 
 
 @hs.fewer_examples(0.5)
 @given(tp_cases(("row",)))
 def test_row_parallel_linear(target, case):
-    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+    check_outputs_and_input_grads(case, run_layers(target, case).values)
 
 
 @hs.fewer_examples(0.5)
 @given(tp_cases(("mlp",)))
 def test_parallel_mlp(target, case):
-    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+    check_outputs_and_input_grads(case, run_layers(target, case).values)
 
 
 @hs.fewer_examples(0.5)
 @given(tp_cases(("attention",)))
 def test_parallel_self_attention(target, case):
-    check_outputs_and_input_grads(case, _run_layers(target, case).values)
+    check_outputs_and_input_grads(case, run_layers(target, case).values)
 
 
 @hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_weight_grads_are_slices_of_full_grads(target, case):
-    values = _run_layers(target, case).values
+    values = run_layers(target, case).values
     want = expected_layer(case)
     for r, out in enumerate(values):
         check_shard_grads(want["tensors"], out["held"], want["grads"], shards(case, r, case["n"]), rank=r,
@@ -361,7 +381,7 @@ def test_weight_grads_are_slices_of_full_grads(target, case):
 @hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_parameters_are_shards(target, case):
-    values = _run_layers(target, case).values
+    values = run_layers(target, case).values
     tensors = full_tensors(full_layers(case))
     for r, out in enumerate(values):
         check_holds_exactly(tensors, out["held"], shards(case, r, case["n"]), rank=r)
@@ -375,7 +395,7 @@ def _elements(shape) -> int:
 @hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_communication_per_layer(target, case):
-    _, trace = _run_layers(target, case)
+    _, trace = run_layers(target, case)
     n, kind, size = case["n"], case["kind"], torch.finfo(case["dtype"]).bits // 8
     forward, backward = ["all_reduce"], ["all_reduce"]   # ParallelMLP, ParallelSelfAttention: g, then f
     if kind == "column":
@@ -407,10 +427,10 @@ def indivisible_cases(draw):
     return case, bad
 
 
-def _construct_only(target, case):
-    """Runs on every rank: only the constructor; reports what it raised, as plain data."""
+def _construct_only(target, spec, layers):
+    """Runs on every rank: only the constructor, from the full layers; reports what it raised, as plain data."""
     try:
-        _construct(target.load(), case, full_layers(case), None)
+        _construct(target.load(), spec, layers, None)
     except ValueError as e:
         return "ValueError", str(e)
     return None, None
@@ -421,7 +441,7 @@ def _construct_only(target, case):
 def test_indivisible_sizes_raise_value_error(target, drawn):
     case, bad = drawn
     n = case["n"]
-    values = harness.run(_construct_only, n, target, case).values
+    values = harness.run(_construct_only, n, target, layer_spec(case), full_layers(case)).values
     name = {"column": "out_features", "row": "in_features", "mlp": "fc1.out_features",
             "attention": "num_heads"}[case["kind"]]
     for r, (kind, message) in enumerate(values):
@@ -442,7 +462,7 @@ def subgroup_cases(draw):
 @given(subgroup_cases())
 def test_layers_respect_the_group_argument(target, drawn):
     world, tp, case = drawn
-    values, trace = harness.run(_tp_layer, world, target, case, tp)
+    values, trace = run_layers(target, case, world, tp)
     layout, where = group_layout(world, tp), positions(world, tp)
     for rank in range(world):
         mine = tuple(layout[where[rank][0]])

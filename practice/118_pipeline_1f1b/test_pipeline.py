@@ -3,11 +3,11 @@
 Learner code runs only on the ranks (``harness.run``; the pure functions on one rank).
 The expected schedules, the dependency rules and single-process full-batch training
 live here, in the test process; what the pipeline sent comes from the harness's trace.
+Each rank receives only its own stage and what its role needs (``harness.per_rank``).
 """
 import math
 
 import torch
-import torch.distributed as dist
 from hypothesis import given, strategies as st
 from torch import nn
 
@@ -318,27 +318,46 @@ def grads_before(case, stage):
     return [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in stage.parameters()]
 
 
-def _pipeline(target, case, pp_size=None):
-    """Runs on every rank: this rank's stage, its op list, and run_pipeline."""
+def stage_inputs(case, where):
+    """What each rank receives, placed by ``where[rank] = (pipeline index, stage)``: its own stage module and
+    the .grad it starts with, its own op list, the micro-batches only on the first stage and the targets only
+    on the last.  A rank never sees another stage's weights or the data it has no role for."""
+    inputs, last = [], case["p"] - 1
+    for rank in range(len(where)):
+        index, s = where[rank]
+        stage = build_stage(case, s, index)
+        xs, ys = micro_batches(case, index)
+        inputs.append({"stage": stage, "grads": grads_before(case, stage), "ops": case["ops"][s],
+                       "inputs": xs if s == 0 else None, "targets": ys if s == last else None})
+    return harness.per_rank(inputs)
+
+
+def _pipeline(target, mine, act_shape, pp_size=None):
+    """Runs on every rank: run_pipeline on this rank's stage; with ``pp_size``, inside its pipeline's group."""
     mod = target.load()
     if pp_size is None:
-        return _stage(mod, case, None, dist.get_rank(), 0)
-    with contiguous_groups(pp_size) as (group, ranks, index):
-        return _stage(mod, case, group, ranks.index(dist.get_rank()), index)
+        return _stage(mod, mine, act_shape, None)
+    with contiguous_groups(pp_size) as (group, _, _):
+        return _stage(mod, mine, act_shape, group)
 
 
-def _stage(mod, case, group, s, index):
-    p = case["p"]
-    stage = build_stage(case, s, index)
-    for param, g in zip(stage.parameters(), grads_before(case, stage)):
+def _stage(mod, mine, act_shape, group):
+    stage = mine["stage"]
+    for param, g in zip(stage.parameters(), mine["grads"]):
         param.grad = g
-    xs, ys = micro_batches(case, index)
     with harness.phase("pipeline"):
-        loss = mod.run_pipeline(stage, case["ops"][s], (case["mb"], case["d"]), inputs=xs if s == 0 else None,
-                                targets=ys if s == p - 1 else None, loss_fn=mse, group=group)
+        loss = mod.run_pipeline(stage, mine["ops"], act_shape, inputs=mine["inputs"], targets=mine["targets"],
+                                loss_fn=mse, group=group)
     if isinstance(loss, torch.Tensor):
         loss = loss.detach().clone()
     return {"loss": loss, "grads": [None if q.grad is None else q.grad.clone() for q in stage.parameters()]}
+
+
+def run_on_ranks(target, case, world=None, pp_size=None):
+    """One pipeline of case["p"] ranks; or, with ``pp_size``, ``world`` ranks as pipelines of pp_size stages."""
+    world = world or case["p"]
+    where = positions(world, pp_size) if pp_size else {rank: (0, rank) for rank in range(world)}
+    return harness.run(_pipeline, world, target, stage_inputs(case, where), (case["mb"], case["d"]), pp_size)
 
 
 def expected_pipeline(case, index=0):
@@ -383,7 +402,7 @@ def check_matches_single_process(case, values, where=lambda rank: (0, rank)):
 @hs.fewer_examples(0.6)
 @given(pipeline_cases())
 def test_pipeline_matches_single_process(target, case):
-    check_matches_single_process(case, harness.run(_pipeline, case["p"], target, case).values)
+    check_matches_single_process(case, run_on_ranks(target, case).values)
 
 
 def expected_p2p(s, p, ops):
@@ -407,7 +426,7 @@ def _ordinal(n):
 @given(pipeline_cases())
 def test_trace_follows_the_op_list(target, case):
     p, act = case["p"], (case["mb"], case["d"])
-    _, trace = harness.run(_pipeline, p, target, case)
+    _, trace = run_on_ranks(target, case)
     for s in range(p):
         want = expected_p2p(s, p, case["ops"][s])
         got = trace.ops(s, ("send", "recv"))
@@ -435,7 +454,7 @@ def test_trace_follows_the_op_list(target, case):
 @given(pipeline_cases())
 def test_p2p_goes_to_neighbours_only(target, case):
     p = case["p"]
-    _, trace = harness.run(_pipeline, p, target, case)
+    _, trace = run_on_ranks(target, case)
     for s in range(p):
         for op in trace.ops(s):
             harness.check(op.is_p2p and op.peer in (s - 1, s + 1) and 0 <= op.peer < p,
@@ -449,7 +468,7 @@ def test_no_deadlock(target):
         for m in range(1, 9):
             case = dict(p=p, m=m, order="1F1B", ops=canonical_1f1b(p, m), mb=1, d_in=2, d=2, hidden=2, d_out=1,
                         seed=p * 100 + m, grads_before=False)
-            harness.run(_pipeline, p, target, case)
+            run_on_ranks(target, case)
 
 
 @st.composite
@@ -462,7 +481,7 @@ def grouped_cases(draw):
 @given(grouped_cases())
 def test_pipeline_inside_a_group(target, drawn):
     world, pp, case = drawn
-    values, trace = harness.run(_pipeline, world, target, case, pp)
+    values, trace = run_on_ranks(target, case, world, pp)
     layout, where = group_layout(world, pp), positions(world, pp)
     for rank in range(world):
         i, s = where[rank]

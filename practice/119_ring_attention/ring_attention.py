@@ -43,8 +43,9 @@ def ring_attention(q, k, v, causal=False, group=None):
     whole sequence, shaped like ``q``.  ``group=None`` means the default group.
 
     Communication: only ``dist.isend`` / ``dist.irecv`` of single K or V chunks (and, in
-    backward, of their gradients), each sent to the next rank (r + 1) % N and received from the
-    previous rank (r - 1) % N; N - 1 hops of K and of V in forward; no collectives.
+    backward, of their gradients), passed one way round the ring, the same way on every rank
+    (e.g. sent to the next rank (r + 1) % N and received from the previous rank (r - 1) % N);
+    N - 1 hops of K and of V in forward; no collectives.
     Differentiable for q, k and v (Part 2).
     """
     # Suggested: fill in _RingAttention above, then replace this line with

@@ -2,7 +2,8 @@
 
 Learner code runs only on the ranks (``harness.run``); the expected values come from
 ``F.scaled_dot_product_attention`` on the whole sequence, computed here in the test
-process, and what was sent, to whom, comes from the harness's trace.
+process, and what was sent, to whom, comes from the harness's trace.  Each rank receives only its own
+chunks (``harness.per_rank``).
 """
 import torch
 import torch.nn.functional as F
@@ -33,30 +34,47 @@ def sequence(case, members=None):
 
 
 def chunk_of(t, index, ring_size):
-    """Chunk ``index`` of the sequence dimension: what the rank at that ring position holds."""
-    return t.tensor_split(ring_size, dim=2)[index].contiguous()
+    """Chunk ``index`` of the sequence dimension: what the rank at that ring position holds.
+
+    A copy, never a view: a pickled view carries its whole storage, which would hand a rank the whole sequence."""
+    return t.tensor_split(ring_size, dim=2)[index].clone(memory_format=torch.contiguous_format)
 
 
-def _attend(target, q, k, v, dout, causal, group_ranks=None):
-    """Runs on every rank: ring attention on this rank's chunk, then, given ``dout``, backward."""
+def rank_inputs(case, tensors, backward=False, members=None):
+    """What each rank receives: its own chunks of q, k, v (and of dout, for backward); None outside the ring.
+
+    A rank never sees another rank's chunk, so it can only learn the rest of the sequence from its ring
+    neighbours' messages.
+    """
+    members = members or list(range(case["world_size"]))
+    q, k, v, dout = tensors
+    inputs = [None] * case["world_size"]
+    for index, rank in enumerate(members):
+        inputs[rank] = {"qkv": [chunk_of(t, index, len(members)) for t in (q, k, v)],
+                        "dout": chunk_of(dout, index, len(members)) if backward else None}
+    return harness.per_rank(inputs)
+
+
+def _attend(target, mine, causal, group_ranks=None):
+    """Runs on every rank: ring attention on this rank's chunk, then, given its ``dout``, backward."""
     with member_group(group_ranks) as (group, members, index):
         if index is None:
             return None
-        mine = [chunk_of(t, index, len(members)).requires_grad_(dout is not None) for t in (q, k, v)]
+        backward = mine["dout"] is not None
+        q, k, v = (t.requires_grad_(backward) for t in mine["qkv"])
         with harness.phase("forward"):
-            out = target.load().ring_attention(*mine, causal=causal, group=group)
+            out = target.load().ring_attention(q, k, v, causal=causal, group=group)
         result = {"out": out.detach() if isinstance(out, torch.Tensor) else out}
-        if dout is not None:
+        if backward:
             with harness.phase("backward"):
-                out.backward(chunk_of(dout, index, len(members)))
-            result["grads"] = [t.grad for t in mine]
+                out.backward(mine["dout"])
+            result["grads"] = [q.grad, k.grad, v.grad]
         return result
 
 
-def run(target, case, tensors, backward=False, members=None):
-    q, k, v, dout = tensors
-    return harness.run(_attend, case["world_size"], target, q, k, v, dout if backward else None, case["causal"],
-                       group_ranks=members)
+def run(target, case, tensors, backward=False, members=None, **options):
+    return harness.run(_attend, case["world_size"], target, rank_inputs(case, tensors, backward, members),
+                       case["causal"], group_ranks=members, **options)
 
 
 def full_attention(q, k, v, dout, causal):
@@ -101,27 +119,33 @@ def check_gradients(values, case, expected_grads, members=None):
 
 
 def check_ring_traffic(trace, case, phase, members=None, one_way=True):
-    """Every op of ``phase`` is one chunk-shaped message to or from a ring neighbour, posted without blocking."""
+    """Every op of ``phase`` is one chunk-shaped message to or from a ring neighbour.
+
+    ``one_way``: the messages also flow one way round the ring, the same way on every rank: each rank sends to
+    one neighbour and receives from the other (either direction, as long as every rank agrees).
+    """
     members = members or list(range(case["world_size"]))
     shape = (case["batch"], case["heads"], case["chunk"], case["dim"])
+    direction = None     # (+1: towards the next rank, -1: towards the previous one; the op that set it)
     for i, rank in enumerate(members):
         nxt, prev = members[(i + 1) % len(members)], members[(i - 1) % len(members)]
         for op in trace.ops(rank, phase=phase):
             what = f"{phase}: rank {rank} issued {op.describe()}"
+            harness.check(op.peer in (nxt, prev), f"{what}; in the ring {members}, rank {rank} may only talk to "
+                          f"its neighbours {sorted({nxt, prev})}", rank=rank)
             if one_way:
-                want = nxt if op.kind == "send" else prev
-                harness.check(op.peer == want,
-                              f"{what}; K and V move one way round the ring {members}: rank {rank} sends only to "
-                              f"the next rank {nxt} and receives only from the previous rank {prev}", rank=rank)
-            else:
-                harness.check(op.peer in (nxt, prev), f"{what}; in the ring {members}, rank {rank} may only talk to "
-                              f"its neighbours {sorted({nxt, prev})}", rank=rank)
+                flow = +1 if op.peer == (nxt if op.kind == "send" else prev) else -1
+                if direction is None:
+                    direction = (flow, what)
+                harness.check(flow == direction[0],
+                              f"{what}, so its data flows towards the {'next' if flow > 0 else 'previous'} rank; "
+                              f"but {direction[1]}, whose data flows towards the "
+                              f"{'next' if direction[0] > 0 else 'previous'} rank. K and V move one way round the "
+                              f"ring {members}, the same way on every rank: each rank sends only to one neighbour "
+                              "and receives only from the other", rank=rank)
             harness.check(op.shapes == [shape] and op.dtypes == ["torch.float64"],
                           f"{what}; every message must be ONE K or V chunk (or its gradient), shaped {list(shape)} "
                           "torch.float64: send K and V as separate tensors, never the whole sequence", rank=rank)
-            harness.check(op.blocking is not True,
-                          f"{what}, and waited for it in the same statement: post dist.isend/dist.irecv, compute "
-                          "the block you already hold, and only then wait", rank=rank)
 
 
 # ---- Part 1: forward ---------------------------------------------------------------------------
@@ -165,9 +189,24 @@ def test_chunks_of_length_one(target, case):
 
 
 @given(cases())
-def test_forward_sends_kv_chunks_to_the_next_rank(target, case):
+def test_forward_passes_kv_chunks_one_way_round_the_ring(target, case):
     _, trace = run(target, case, sequence(case))
     check_ring_traffic(trace, case, "forward")
+
+
+@hs.fewer_examples(0.5)
+@given(cases(min_world=2, causal=st.just(False)))
+def test_forward_computes_while_the_next_chunk_travels(target, case):
+    _, trace = run(target, case, sequence(case), record_compute=True)
+    for rank in range(case["world_size"]):
+        for op in trace.ops(rank, "recv", phase="forward"):
+            harness.check(op.wait_start is not None,
+                          f"{describe(case)}: forward issued {op.describe()} and never waited on it", rank=rank)
+            harness.check(bool(op.compute_between),
+                          f"{describe(case)}: forward issued {op.describe()}, then waited for it with no attention "
+                          f"compute in between ({op.compute_between or 0} matmul/exp ops): post the next chunk's "
+                          "isend/irecv, compute the block you already hold, and only then wait, so that the chunk "
+                          "travels while the rank computes", rank=rank)
 
 
 @hs.fewer_examples(0.5)

@@ -2,7 +2,8 @@
 
 Learner code runs only on the ranks (``harness.run``); the expected values come from a
 single-device MoE layer holding every expert, computed here in the test process, and
-what was communicated comes from the harness's trace.
+what was communicated comes from the harness's trace.  Each rank receives only its own
+tokens, experts and output gradient, and the replicated router (``harness.per_rank``).
 """
 import torch
 import torch.nn.functional as F
@@ -80,30 +81,40 @@ def expected(xs, router_w, w1, w2, dys, top_k):
     return list(y.detach().split(sizes)), list(x.grad.split(sizes)), router_w.grad, w1.grad, w2.grad
 
 
-def _moe(target, xs, router_w, w1, w2, top_k, dys, group_ranks=None):
-    """Runs on every rank: the MoE layer on this rank's tokens and experts, then, given ``dys``, backward."""
+def rank_inputs(case, tensors, backward=False, members=None):
+    """What each rank receives: its own tokens, the replicated router, its own experts' weights and, for
+    backward, its own output gradient; None outside the group.  No rank sees another rank's tokens or experts."""
+    members = members or list(range(case["world_size"]))
+    xs, router_w, w1, w2, dys = tensors
+    e = case["e_local"]
+    inputs = [None] * case["world_size"]
+    for i, rank in enumerate(members):
+        inputs[rank] = {"x": xs[i], "router_w": router_w, "w1": w1[i * e:(i + 1) * e].clone(),
+                        "w2": w2[i * e:(i + 1) * e].clone(), "dy": dys[i] if backward else None}
+    return harness.per_rank(inputs)
+
+
+def _moe(target, mine, top_k, group_ranks=None):
+    """Runs on every rank: the MoE layer on this rank's tokens and experts, then, given its ``dy``, backward."""
     with member_group(group_ranks) as (group, members, i):
         if i is None:
             return None
-        e_local, grad = w1.shape[0] // len(members), dys is not None
-        x = xs[i].clone().requires_grad_(grad)
-        router = router_w.clone().requires_grad_(grad)
-        mine = [w[i * e_local:(i + 1) * e_local].clone().requires_grad_(grad) for w in (w1, w2)]
+        grad = mine["dy"] is not None
+        x, router, w1, w2 = (mine[name].requires_grad_(grad) for name in ("x", "router_w", "w1", "w2"))
         with harness.phase("forward"):
-            y = target.load().moe_forward(x, router, *mine, top_k, group=group)
+            y = target.load().moe_forward(x, router, w1, w2, top_k, group=group)
         result = {"y": y.detach() if isinstance(y, torch.Tensor) else y}
         if grad:
             with harness.phase("backward"):
-                (y * dys[i]).sum().backward()
-            result["grads"] = {"x": x.grad, "router_w": router.grad, "w1": mine[0].grad, "w2": mine[1].grad}
+                (y * mine["dy"]).sum().backward()
+            result["grads"] = {"x": x.grad, "router_w": router.grad, "w1": w1.grad, "w2": w2.grad}
         return result
 
 
 def run(target, case, tensors, backward=False, members=None):
-    xs, router_w, w1, w2, dys = tensors
     try:
-        return harness.run(_moe, case["world_size"], target, xs, router_w, w1, w2, case["top_k"],
-                           dys if backward else None, group_ranks=members)
+        return harness.run(_moe, case["world_size"], target, rank_inputs(case, tensors, backward, members),
+                           case["top_k"], group_ranks=members)
     except harness.NotImplementedYet:
         raise
     except (harness.RankError, harness.RankCrashed) as e:
@@ -256,18 +267,25 @@ def test_gradients_match_single_device(target, case):
     check_gradients(values, case, expected(*tensors, case["top_k"]))
 
 
+def splits_of(op):
+    """(output_split_sizes, input_split_sizes) of an all_to_all; ((), ()) when it gave none (even splits)."""
+    return tuple(tuple(s) for s in op.splits) if op.splits else ((), ())
+
+
 @hs.fewer_examples(0.5)
 @given(cases())
 def test_backward_mirrors_the_token_all_to_alls(target, case):
     _, trace = run(target, case, layer(case), backward=True)
     for rank in range(case["world_size"]):
-        forward = [op for op in trace.ops(rank, "all_to_all", phase="forward") if len(op.shapes[0]) == 2]
+        forward = trace.ops(rank, "all_to_all", phase="forward")
+        harness.check(len(forward) == 3, f"{describe(case)}: forward issued {len(forward)} all_to_all, expected 3 "
+                      "(the counts, the dispatch, the combine, in that order)", rank=rank)
+        tokens = forward[1:]      # the dispatch and the combine; the counts exchange needs no gradient
+        mirrored = sorted((splits_of(op)[1], splits_of(op)[0], op.out_bytes) for op in tokens)
         backward = trace.ops(rank, phase="backward")
-        mirrored = sorted((op.splits[1], op.splits[0], op.out_bytes) for op in forward if op.splits)
-        got = sorted((op.splits[0], op.splits[1], op.in_bytes) if op.splits else ((), (), op.in_bytes)
-                     for op in backward)
+        got = sorted(splits_of(op) + (op.in_bytes,) for op in backward)
         harness.check(len(backward) == 2 and all(op.kind == "all_to_all" for op in backward) and got == mirrored,
                       f"{describe(case)}: backward issued {'; '.join(op.describe() for op in backward) or 'nothing'}"
                       f" with splits {[op.splits for op in backward]}; expected one all_to_all per token all_to_all "
-                      f"of the forward, sending the gradients back the way the tokens came (split sizes swapped): "
-                      f"splits {[(a, b) for a, b, _ in mirrored]}", rank=rank)
+                      f"of the forward (the dispatch and the combine), sending the gradients back the way the tokens "
+                      f"came (split sizes swapped): splits {[(a, b) for a, b, _ in mirrored]}", rank=rank)

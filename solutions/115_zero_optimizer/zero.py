@@ -62,13 +62,13 @@ class ShardedOptimizer:
             grad = flat[self._own]
         else:
             grad = torch.empty_like(flat[self._own])
-            dist.reduce_scatter_single(grad, flat, group=self.group)
+            dist.reduce_scatter_tensor(grad, flat, group=self.group)
         return grad / self.world
 
     def _gather_parameters(self):
         """All-gather every rank's updated slice (cast to the parameters' dtype) and write them into the params."""
         full = torch.empty(self.world * self.shard_size, dtype=self.dtype, device=self.shard.device)
-        dist.all_gather_single(full, self.shard.detach().to(self.dtype), group=self.group)
+        dist.all_gather_into_tensor(full, self.shard.detach().to(self.dtype), group=self.group)
         offset = 0
         for p in self.params:
             p.copy_(full[offset:offset + p.numel()].view_as(p))

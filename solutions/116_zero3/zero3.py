@@ -62,7 +62,7 @@ class FullyShardedModel(nn.Module):
         return flat
 
     def _all_gather(self, unit, out):
-        dist.all_gather_single(out, unit.shard.detach(), group=self.group)
+        dist.all_gather_into_tensor(out, unit.shard.detach(), group=self.group)
 
     # ---- forward: gather just before the unit runs, free just after -----------------------------
 
@@ -101,7 +101,7 @@ class FullyShardedModel(nn.Module):
     def _reduce_gradient(self, unit, full_grad):
         """This rank's slice of the unit's gradient, averaged over ranks."""
         grad = torch.empty_like(unit.shard)
-        dist.reduce_scatter_single(grad, full_grad, group=self.group)
+        dist.reduce_scatter_tensor(grad, full_grad, group=self.group)
         return grad / self.world
 
     def _after_backward(self, unit):

@@ -18,7 +18,7 @@ class ShardedOptimizer(ref.ShardedOptimizer):
 
     def _gather_parameters(self):
         full = torch.empty(self.world * self.shard_size, dtype=self.dtype)
-        dist.all_gather_single(full, self.shard.detach().to(self.dtype), group=self.group)
+        dist.all_gather_into_tensor(full, self.shard.detach().to(self.dtype), group=self.group)
         flat = torch.cat([p.reshape(-1) for p in self.params])
         flat[:full.numel()] = full
         offset = 0

@@ -11,5 +11,5 @@ REJECTED_BY = "test_matches_single_process_training"
 class FullyShardedModel(ref.FullyShardedModel):
     def _reduce_gradient(self, unit, full_grad):
         grad = torch.empty_like(unit.shard)
-        dist.reduce_scatter_single(grad, full_grad, group=self.group)
+        dist.reduce_scatter_tensor(grad, full_grad, group=self.group)
         return grad

@@ -5,7 +5,7 @@ import torch.distributed as dist
 from harness import reference_of
 
 ref = reference_of(__file__)
-REJECTED_BY = "test_forward_sends_kv_chunks_to_the_next_rank"
+REJECTED_BY = "test_forward_passes_kv_chunks_one_way_round_the_ring"
 
 
 class AllGather(ref.RingAttention):

@@ -5,7 +5,7 @@ import torch.distributed as dist
 from harness import reference_of
 
 ref = reference_of(__file__)
-REJECTED_BY = "test_forward_sends_kv_chunks_to_the_next_rank"
+REJECTED_BY = "test_forward_computes_while_the_next_chunk_travels"
 
 
 class _Done:
