@@ -1,1 +1,1 @@
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["kit.plugin"]

@@ -1,31 +1,47 @@
 """The multi-rank engine under every problem: run code on N real ranks, traced.
 
-Public API -- problems use only these names:
+Public API -- problems, the test helpers and the judge app use only these names:
 
-    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=) -> RunResult(values, trace)
-    per_rank(values)              an argument of run that rank r receives as values[r], and no other rank sees
+    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, record_compute=, perturb=)
+                                  -> RunResult(values, trace)
+    per_rank(values), PerRank     an argument of run that rank r receives as values[r], and no other rank sees
+    defaults(**fields)            a context manager: what run uses for what a call leaves out, for the block;
+                                  the fields are RunDefaults's (forbid, allow, timeout, stop_on_hang, backend,
+                                  memory_gb, on_trace: called with each successful call's Trace)
+    pick_backend(world_size, backend="auto"), shutdown(), prestart()   the pool: its backend, stopping it,
+                                  starting the torch-preloaded forkserver early
     phase(name, step=None)        mark a region inside a rank function
     device()                      this rank's device (cuda:rank under NCCL, else cpu)
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
     assert_close, check, PropertyFailed      plain-words property checks
-    expect_type(value, "list[list[int]]", "make_buckets(sizes, cap)")   a returned value against the contract's type
+    expect_type(value, "list[list[int]]", "make_buckets(sizes, cap)"), WrongType
+                                  a returned value against the contract's type
     live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
-    errors: HangError, RankError, NotImplementedYet, RankCrashed, ForbiddenOp, TraceTampered, TargetError
+    CommOp, PhaseSpan, Trace, to_chrome      the trace of a call, and the same as Chrome trace-event JSON
+    errors: HarnessError, HangError, HangStopped, RankError, NotImplementedYet, RankCrashed, ForbiddenOp,
+            TraceTampered, TargetError, raised_by_stub   (``harness.errors`` is public too; a rank's
+            failure renders its whole report with ``exc.render()``)
 
-Names load lazily, so ``judge.py`` can use the catalogue without importing torch.
+The engine reads no environment variable and imports nothing from the judge app: its
+configuration comes in through ``defaults``.  Names load lazily, so importing ``harness``
+does not import torch.
 """
 import importlib
 
 _EXPORTS = {
-    "run": "runner", "per_rank": "runner", "RunResult": "runner", "pick_backend": "runner", "shutdown": "runner",
-    "phase": "_tracer",
+    "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool",
+    "per_rank": "inputs", "PerRank": "inputs",
+    "defaults": "config", "RunDefaults": "config",
+    "prestart": "_boot",
+    "phase": "_recorder",
     "device": "target", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
     "live_tensor_bytes": "memory", "live_storages": "memory", "saved_for_backward": "memory",
-    "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace",
-    "HarnessError": "errors", "HangError": "errors", "RankError": "errors", "NotImplementedYet": "errors",
-    "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors", "TargetError": "errors",
+    "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
+    "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
+    "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
+    "TargetError": "errors", "raised_by_stub": "errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,14 +1,58 @@
-"""Start the torch-preloaded forkserver as early as possible, before the caller imports torch.
+"""The torch-preloaded forkserver, and the rank processes forked from it.
 
-Preloading torch, torch.distributed and torch._dynamo takes seconds; started
-first, it overlaps with the test process's own imports and collection.
+Preloading torch, torch.distributed and torch._dynamo takes seconds; started first (``prestart``),
+it overlaps with the test process's own imports and collection.  ``RankProcess`` starts one rank
+from it, running ``_rank.rank_main`` without re-running the caller's main module.
 """
 import multiprocessing as mp
-from multiprocessing import forkserver
+from multiprocessing import forkserver, popen_forkserver, spawn
 
 CONTEXT = mp.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["harness._rank"])
 
 
-def start_forkserver():
+def prestart():
+    """Start the forkserver now (it imports torch), so the first ``harness.run`` does not wait for it."""
     forkserver.ensure_running()
+
+
+start_forkserver = prestart
+
+
+class _Popen(popen_forkserver.Popen):
+    """Forkserver launch that does not re-run the caller's main module in each rank.
+
+    Plain multiprocessing re-imports ``__main__`` in the child (spawn semantics),
+    which would re-run judge.py, pytest or a learner's script in every rank.
+    """
+
+    def _launch(self, process_obj):
+        real = spawn.get_preparation_data
+
+        def without_main(name):
+            data = real(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = without_main
+        try:
+            super()._launch(process_obj)
+        finally:
+            spawn.get_preparation_data = real
+
+
+class RankProcess(CONTEXT.Process):
+    """One rank: ``RankProcess(args=(rank, world_size, backend, store, conn, record_conn, files))``."""
+
+    def __init__(self, args: tuple, name: str):
+        super().__init__(target=_rank_entry, args=args, daemon=True, name=name)
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _Popen(process_obj)
+
+
+def _rank_entry(*args):
+    from ._rank import rank_main
+    rank_main(*args)

@@ -1,10 +1,12 @@
-"""Turn a hung or crashed world into a report a learner can act on."""
+"""Turn a failed call -- ranks that raised, hung or crashed -- into a report a learner can act on."""
 from __future__ import annotations
 
 import linecache
 import os
 import re
 import signal
+
+from .errors import ForbiddenOp, NotImplementedYet, RankError, TraceTampered, raised_by_stub
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
@@ -206,3 +208,24 @@ def crash_message(rank: int, exitcode: int | None, stderr: str) -> str:
         lines.append("  its last stderr lines:")
         lines.extend(f"    {line}" for line in tail)
     return "\n".join(lines)
+
+
+_GLOO_NOISE = ("Connection closed by peer", "Connection reset", "Timed out", "Gloo", "gloo")
+
+
+def is_gloo_fallout(reply) -> bool:
+    """A rank's error that only echoes another rank's failure (gloo's connection to it broke)."""
+    return reply.status == "error" and any(s in str(reply.error[1]) for s in _GLOO_NOISE)
+
+
+def rank_error(errors: dict, world_size: int) -> BaseException:
+    """The exception for ranks' error replies (rank -> ``wire.Reply``): the root cause, preferring a rank
+    whose error did not come from gloo's fallout."""
+    rank, reply = sorted(errors.items(), key=lambda it: (is_gloo_fallout(it[1]), it[0]))[0]
+    exc_type, message, frames = reply.error
+    if reply.status == "forbidden":
+        return ForbiddenOp(f"rank {rank}: {message}")
+    if reply.status == "tampered":
+        return TraceTampered(f"rank {rank}: {message}")
+    cls = NotImplementedYet if exc_type == "NotImplementedError" and raised_by_stub(frames) else RankError
+    return cls(rank, exc_type, message, frames, world_size)

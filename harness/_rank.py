@@ -19,8 +19,12 @@ import torch
 import torch.distributed as dist
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
-from . import _sandbox, _tracer, memory, wire  # noqa: F401  (memory: its accessors are bound before learner code)
+from ._integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
+from ._kernels import install
+from ._recorder import short_path
+from ._sandbox import confine, guard_store, hint
 from .errors import ForbiddenOp, TraceTampered
+from .wire import Reply, WireError
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 # Process groups that calls created and never destroyed, before the world is replaced: each one
@@ -43,7 +47,7 @@ def _user_frames(tb) -> list:
     for fs in traceback.extract_tb(tb):
         if fs.filename.startswith(_LIBRARY_DIRS) or "site-packages" in fs.filename:
             continue
-        frames.append((_tracer._short_path(fs.filename), fs.lineno, fs.name, (fs.line or "").strip()))
+        frames.append((short_path(fs.filename), fs.lineno, fs.name, (fs.line or "").strip()))
     return frames
 
 
@@ -68,12 +72,12 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
         torch.cuda.set_device(rank)
     store = dist.FileStore(store_path, world_size)
     # Confined before gloo starts its threads: Landlock covers only the threads created after it.
-    _sandbox.confine(files["tmp"], store_file=store_path, gpu=backend == "nccl")
+    confine(files["tmp"], store_file=store_path, gpu=backend == "nccl")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
-    _sandbox.guard_store()   # the store's file stays writable for gloo; rank code may not use it
-    recorder = _tracer.install(rank, record_conn.fileno())   # records stream to the test process as issued
-    verify_tracer = _tracer.integrity_snapshot()  # taken before any learner code runs
+    guard_store()   # the store's file stays writable for gloo; rank code may not use it
+    recorder = install(rank, record_conn.fileno())   # records stream to the test process as issued
+    verify_tracer = integrity_snapshot()  # taken before any learner code runs
     world_group = dist.group.WORLD
     conn.send_bytes(b"ready")
     functions = {}
@@ -87,21 +91,21 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
         reply = _run_task(payload, functions, recorder, verify_tracer)
         if not dist.is_initialized() or dist.group.WORLD is not world_group:
             # Tutorial-style cleanup (destroy_process_group) would break every later call on this
-            # world: fail this call in plain words, and the runner replaces the world.
-            cause = "" if reply["status"] == "ok" else f" (it then raised {reply['error'][0]}: {reply['error'][1]})"
-            reply.update(status="broken", retire=True, error=(
+            # world: fail this call in plain words, and the pool replaces the world.
+            cause = "" if reply.status == "ok" else f" (it then raised {reply.error[0]}: {reply.error[1]})"
+            reply.status, reply.retire, reply.error = "broken", True, (
                 "RuntimeError", "the code destroyed or replaced the default process group"
                 f"{cause}; the harness creates it and owns it: do not call init_process_group "
-                "or destroy_process_group in code run by harness.run", []))
+                "or destroy_process_group in code run by harness.run", [])
         elif len(dist.distributed_c10d._world.pg_map) > _MAX_GROUPS:
-            reply["retire"] = True   # calls left groups behind: retire this world rather than let them pile up
+            reply.retire = True   # calls left groups behind: retire this world rather than let them pile up
         try:
-            data = wire.encode(reply)
-        except wire.WireError as exc:  # a return value that is not plain data
+            data = reply.encode()
+        except WireError as exc:  # a return value that is not plain data
             problem = str(exc).replace("reply['value']", "the return value", 1)
-            reply.update(status="error", value=None, error=(
-                "TypeError", f"the rank function's return value cannot be sent back: {problem}", []))
-            data = wire.encode(reply)
+            reply.status, reply.value, reply.error = "error", None, (
+                "TypeError", f"the rank function's return value cannot be sent back: {problem}", [])
+            data = reply.encode()
         conn.send_bytes(data)
     try:
         dist.destroy_process_group()
@@ -111,17 +115,17 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
     os._exit(0)
 
 
-def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> dict:
+def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply:
     """Run one call; the reply is plain data (see ``wire``): status, value or error, and the op count."""
-    reply = {"token": None, "status": "ok", "value": None, "error": None, "retire": False}
+    reply = Reply()
     try:
         token, fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
-        reply["token"] = token
+        reply.token = token
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
         recorder.reset(policy)
         try:
-            reply["value"] = functions[fn_key](*args, **kwargs)
+            reply.value = functions[fn_key](*args, **kwargs)
         finally:
             recorder.finish()
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
@@ -131,8 +135,9 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> dict:
     except BaseException as exc:  # noqa: BLE001 -- everything goes back to the test process
         if recorder.policy.refused and not isinstance(exc, (ForbiddenOp, TraceTampered)):
             exc = ForbiddenOp(recorder.policy.refused)  # the refusal is the root cause, however it surfaced
-        reply.update(value=None, error=(type(exc).__name__, str(exc) + _sandbox.hint(exc), _user_frames(exc.__traceback__)),
-                     status="forbidden" if isinstance(exc, ForbiddenOp) else
-                     "tampered" if isinstance(exc, TraceTampered) else "error")
-    reply["ops_traced"], reply["ops_digest"] = len(recorder.ops), recorder.digest()
+        reply.value = None
+        reply.error = (type(exc).__name__, str(exc) + hint(exc), _user_frames(exc.__traceback__))
+        reply.status = ("forbidden" if isinstance(exc, ForbiddenOp) else
+                        "tampered" if isinstance(exc, TraceTampered) else "error")
+    reply.ops_traced, reply.ops_digest = len(recorder.ops), recorder.digest()
     return reply

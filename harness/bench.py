@@ -86,21 +86,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    from harness import runner
-    print(f"import harness.runner (torch in the caller): {time.perf_counter() - start:.2f} s", flush=True)
+    import torch  # noqa: F401  (as in a test process: the caller has torch loaded)
+    from .pool import run, shutdown
+    print(f"import torch and harness.pool (the caller's side): {time.perf_counter() - start:.2f} s", flush=True)
 
     start = time.perf_counter()
-    runner.run(trivial_all_reduce, 2, timeout=120)
+    run(trivial_all_reduce, 2, timeout=120)
     print(f"cold first call, N=2 (forkserver start with torch preloaded + a fresh world): "
           f"{time.perf_counter() - start:.2f} s", flush=True)
 
     results = {}
     for n in (2, 4):
-        call, in_rank, overhead = harness_overhead(runner.run, n, args.calls)
+        call, in_rank, overhead = harness_overhead(run, n, args.calls)
         results[n] = (call, overhead)
         print(f"harness N={n}: median call {call * 1e3:.2f} ms, in-rank {in_rank * 1e3:.2f} ms, "
               f"overhead {overhead * 1e3:.2f} ms  ({args.calls} calls)", flush=True)
-    runner.shutdown()   # the spawn baseline gets the machine to itself
+    shutdown()   # the spawn baseline gets the machine to itself
 
     spawn = {}
     for n in map(int, args.spawn_sizes.split(",")):

@@ -16,15 +16,20 @@ class _RankFailure:
     def __init__(self, rank: int, exc_type: str, message: str, frames: list, world_size: int = 0):
         self.rank, self.exc_type, self.exc_message, self.frames = rank, exc_type, message, frames
         self.world_size = world_size
-        super().__init__(self._render())
+        super().__init__(self._summary())
 
-    def _render(self) -> str:
+    def render(self) -> str:
+        """The whole report: which rank raised what, and each frame of the code under test."""
         lines = [f"rank {self.rank} raised {self.exc_type}: {self.exc_message}"]
         for file, line, func, source in self.frames:
             lines.append(f'  File "{file}", line {line}, in {func}')
             if source:
                 lines.append(f"    {source}")
         return "\n".join(lines)
+
+    def _summary(self) -> str:
+        """The exception's message (``str(exc)``): the whole report, unless a subclass says less."""
+        return self.render()
 
 
 class RankError(_RankFailure, HarnessError):
@@ -43,7 +48,7 @@ class NotImplementedYet(_RankFailure, BaseException):
         file, line, func, _ = self.frames[-1] if self.frames else ("?", 0, "?", "")
         return f"{file}:{line} ({func})"
 
-    def _render(self) -> str:
+    def _summary(self) -> str:
         return f"not implemented yet: {self.location}"
 
 

@@ -42,7 +42,7 @@ from itertools import compress
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from . import _tracer
+from ._recorder import active as _active_recorder
 
 # Bound once, at import: later patches of gc, weakref, torch.Tensor or torch.UntypedStorage change nothing here.
 _get_objects, _collect, _freeze_count, _unfreeze = gc.get_objects, gc.collect, gc.get_freeze_count, gc.unfreeze
@@ -169,7 +169,7 @@ def _drop_waited_works():
     """The tracer keeps each call's Work objects to time their waits, and a Work keeps its tensors alive.
     Once a wait is recorded the tracer needs the Work no more: let it go, so communication buffers the
     code under test released are not counted as held."""
-    recorder = _tracer._RECORDER
+    recorder = _active_recorder()
     if recorder is not None:
         for key, (_, op) in list(recorder.works.items()):
             if op.get("wait_end") is not None:

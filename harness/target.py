@@ -33,7 +33,7 @@ class Target:
             tree = ast.parse(source, filename=self.path)
         except SyntaxError as e:
             raise TargetError(f"syntax error in {self.path}:{e.lineno}: {e.msg}\n    {(e.text or '').rstrip()}") from None
-        defined = _top_level_names(tree)
+        defined = _top_level_names(tree, self.path)
         missing = [n for n in self.names if n not in defined]
         if missing:
             raise TargetError(f"{self.path} does not define {', '.join(missing)} "
@@ -55,7 +55,7 @@ class Target:
         return module
 
 
-def _top_level_names(tree: ast.Module) -> set:
+def _top_level_names(tree: ast.Module, path: str | None = None) -> set:
     names = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -66,7 +66,30 @@ def _top_level_names(tree: ast.Module) -> set:
                 names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        if path is not None and _copies_reference(node):  # reference_of(__file__, into=globals())
+            names.update(_public_reference_names(path))
     return names
+
+
+def _copies_reference(node) -> bool:
+    """A top-level ``reference_of(..., into=...)`` call, bare or assigned."""
+    value = node.value if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) else None
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    return name == "reference_of" and any(k.arg == "into" for k in value.keywords)
+
+
+def _public_reference_names(wrong_version_file: str) -> set:
+    """The public top-level names of the reference beside a wrong version, read without running it."""
+    try:
+        path = _reference_path(wrong_version_file)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, TargetError):
+        return set()
+    return {n for n in _top_level_names(tree) if not n.startswith("_")}
 
 
 def device():
@@ -78,14 +101,25 @@ def device():
     return torch.device("cpu")
 
 
-def reference_of(wrong_version_file: str):
-    """The reference module beside a known-wrong version (``solutions/<problem>/wrong/x.py``).
-
-    Known-wrong versions import it and change only the part they get wrong, so each
-    file shows its bug and nothing else.
-    """
+def _reference_path(wrong_version_file: str) -> str:
     folder = os.path.dirname(os.path.dirname(os.path.abspath(wrong_version_file)))
     files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
     if len(files) != 1:
         raise TargetError(f"expected exactly one reference .py file in {folder}, found {files}")
-    return Target(os.path.join(folder, files[0])).load()
+    return os.path.join(folder, files[0])
+
+
+def reference_of(wrong_version_file: str, into: dict | None = None):
+    """The reference module beside a known-wrong version (``solutions/<problem>/wrong/x.py``).
+
+    Known-wrong versions import it and change only the part they get wrong, so each
+    file shows its bug and nothing else.  With ``into=globals()`` the reference's public
+    names (those not starting with ``_``) are copied into the caller's namespace first,
+    so the wrong version defines only what it changes::
+
+        ref = reference_of(__file__, into=globals())
+    """
+    module = Target(_reference_path(wrong_version_file)).load()
+    if into is not None:
+        into.update({name: value for name, value in vars(module).items() if not name.startswith("_")})
+    return module

@@ -1,4 +1,4 @@
-"""A call's trace as a timeline: Chrome trace-event JSON (Perfetto, chrome://tracing) or terminal lanes."""
+"""A call's trace as a timeline: Chrome trace-event JSON (Perfetto, chrome://tracing)."""
 from __future__ import annotations
 
 from .trace import Trace
@@ -56,70 +56,3 @@ def to_chrome(trace: Trace) -> dict:
                            "args": {"bytes": op.in_bytes, "peer": op.peer, "site": op.site, "phase": op.phase,
                                     "step": op.step, "blocking": op.blocking, "shapes": [list(s) for s in op.shapes]}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def trace_file_name(test_name: str) -> str:
-    """The file, inside judge.py's trace folder, that holds a test's last traced call."""
-    return "".join(c if c.isalnum() or c in "_-." else "_" for c in test_name) + ".json"
-
-
-_SINK = None
-
-
-def set_sink(callback):
-    """Hand every successful call's trace to ``callback(trace)`` (the pytest plugin, for judge.py --show)."""
-    global _SINK
-    _SINK = callback
-
-
-def save_if_asked(trace: Trace):
-    """Called by ``harness.run`` after each successful call; a no-op unless judge.py --trace/--show asked."""
-    if _SINK is not None:
-        _SINK(trace)
-
-
-def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward") -> list[tuple[str, str]]:
-    """Terminal lanes from a Chrome trace: per rank a compute lane and a comm lane.
-
-    Returns (text, style) pieces; comm that runs after the last ``exposed_after`` phase
-    ends is marked '!' and styled as exposed.
-    """
-    spans = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
-    if not spans:
-        return [("(no phases or communication recorded)\n", "")]
-    t_end = max(e["ts"] + e["dur"] for e in spans) or 1.0
-    scale = (width - 1) / t_end
-    letters = _phase_letters(sorted({e["name"].split(" ")[0] for e in spans if e["tid"] == 0}))
-    pieces = []
-    for rank in sorted({e["pid"] for e in spans}):
-        mine = [e for e in spans if e["pid"] == rank]
-        hide_until = max((e["ts"] + e["dur"] for e in mine if e["tid"] == 0 and e["name"].startswith(exposed_after)),
-                         default=None)
-        compute, comm = [" "] * width, [" "] * width
-        for e in mine:
-            a, b = int(e["ts"] * scale), max(int((e["ts"] + e["dur"]) * scale), int(e["ts"] * scale) + 1)
-            lane = compute if e["tid"] == 0 else comm
-            mark = letters.get(e["name"].split(" ")[0], "?") if e["tid"] == 0 else "="
-            for x in range(a, min(b, width)):
-                lane[x] = mark
-        pieces.append((f"rank {rank} compute |", "bold"))
-        pieces.append(("".join(compute) + "\n", "cyan"))
-        pieces.append((f"rank {rank} comm    |", "bold"))
-        cut = int(hide_until * scale) if hide_until is not None else width
-        hidden, exposed = "".join(comm[:cut]), "".join("!" if c == "=" else c for c in comm[cut:])
-        pieces.append((hidden, "green"))
-        pieces.append((exposed + "\n", "bold red"))
-    pieces.append((f"{'':15}0{'':>{width - 12}}{t_end / 1000:.2f} ms\n", "dim"))
-    legend = ", ".join(f"{letter} {name}" for name, letter in letters.items())
-    pieces.append((f"compute: {legend or 'no phases marked'}; comm: '=' hidden behind backward, "
-                   "'!' exposed after it\n", "dim"))
-    return pieces
-
-
-def _phase_letters(names: list) -> dict:
-    """A distinct letter per phase name: its first free letter, so 'ring_a' and 'ring_b' differ."""
-    letters = {}
-    for name in names:
-        candidates = [c.upper() for c in name if c.isalpha()] + list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-        letters[name] = next(c for c in candidates if c not in letters.values())
-    return letters

@@ -1,6 +1,6 @@
 """The communication trace: what each rank really sent, recorded by the harness.
 
-Records are made inside the ranks (see ``_tracer.py``) and shipped back to the
+Records are made inside the ranks (see ``_recorder.py``) and shipped back to the
 test process as plain data, so tests assert on them without trusting anything
 the learner's code reports about itself.
 """
@@ -37,7 +37,7 @@ class CommOp:
     wait_end: float | None = None
     blocking: bool | None = None      # True when that wait ran inside the statement that issued it
     splits: tuple | None = None       # (output_split_sizes, input_split_sizes) for all_to_all
-    # compute ops (matmul family, fused attention, softmax, exp: ``_tracer._COMPUTE_OPS``) this rank ran
+    # compute ops (matmul family, fused attention, softmax, exp: ``_ops.COMPUTE_OPS``) this rank ran
     # between issuing the op and starting to wait on it; None unless the call asked for
     # ``record_compute``, or when it was never waited on.  A wait in the issuing statement gives 0.
     compute_between: int | None = None

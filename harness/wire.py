@@ -1,4 +1,4 @@
-"""The reply format between a rank and the test process: plain data only, never code.
+"""What travels between the test process and a rank: calls out (pickled), replies back (plain data only).
 
 A rank runs learner code, so its reply is untrusted input.  Pickle can name any
 callable and run it while loading; this format cannot.  A reply is a JSON document
@@ -13,18 +13,66 @@ blobs for tensor contents:
 
 Layout: 8-byte JSON length, the JSON, then each blob as an 8-byte length and its bytes.
 ``decode`` rebuilds only those types; anything else in a document is a ``WireError``.
+A rank's answer to a call is a ``Reply``: exactly its fields, checked on arrival.
+
+The other direction, a call from the test process to the ranks, is trusted and carries code: the
+rank function pickled by value (``dump_function``, which keeps each code object's real file name),
+and the call's arguments and ``Policy`` (``dumps``).
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import io
 import json
 import math
+import pickle
 import struct
+import sys
+import types
+from collections import ChainMap
+from dataclasses import dataclass
+
+import cloudpickle
 
 _MAX_DEPTH = 200
+STATUSES = ("ok", "error", "forbidden", "tampered", "broken")
 
 
 class WireError(ValueError):
     """A reply that does not follow the format (or a value that cannot be put in it)."""
+
+
+@dataclass
+class Reply:
+    """A rank's answer to one call (the rank loop writes it; learner code never sees it)."""
+
+    token: bytes | None = None   # the call's token: a reply without it was not written by the rank loop
+    status: str = "ok"           # one of STATUSES
+    value: object = None         # the rank function's return value (plain data)
+    error: tuple | None = None   # (exception type name, message, frames of the code under test)
+    retire: bool = False         # the rank asks for a fresh world after this call
+    ops_traced: int = 0          # how many op records the rank's recorder holds
+    ops_digest: str = ""         # ``policy.ops_digest`` of them
+
+    def encode(self) -> bytes:
+        return encode({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Reply":
+        """A reply from its bytes; ``WireError`` unless it has exactly these fields, of these types."""
+        fields = decode(data)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(fields, dict) or set(fields) != set(names):
+            raise WireError(f"a reply with fields {sorted(fields, key=str) if isinstance(fields, dict) else fields!r}")
+        reply = cls(**fields)
+        error = reply.error
+        if (reply.status not in STATUSES or not isinstance(reply.retire, bool) or type(reply.ops_traced) is not int
+                or not isinstance(reply.ops_digest, str) or not (error is None or (
+                    isinstance(error, tuple) and len(error) == 3 and isinstance(error[0], str)
+                    and isinstance(error[1], str) and isinstance(error[2], list)))):
+            raise WireError("a reply whose fields do not have the types the rank loop writes")
+        return reply
 
 
 def encode(value, name: str = "reply") -> bytes:
@@ -167,3 +215,41 @@ def _tensor(body, blobs: list):
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+# ---- calls: the test process to the ranks -----------------------------------------------------------
+
+def dumps(obj) -> bytes:
+    """A call's payload: plain pickle when it can, cloudpickle for what pickle cannot name (local classes...)."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return cloudpickle.dumps(obj)
+
+
+def dump_function(fn) -> bytes:
+    """A rank function by value, its code objects keeping their real file names."""
+    buffer = io.BytesIO()
+    _FunctionPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
+    return buffer.getvalue()
+
+
+class _FunctionPickler(cloudpickle.Pickler):
+    def __init__(self, *args, **kwargs):
+        ours = {types.CodeType: _code_keeping_its_file}
+        torch = sys.modules.get("torch")
+        if torch is not None:   # cloudpickle takes any attribute named ``ops`` for the module torch.ops
+            ours[type(torch.ops)] = _torch_ops_by_name
+        self.dispatch_table = ChainMap(ours, cloudpickle.Pickler.dispatch_table)   # read by __init__ below
+        super().__init__(*args, **kwargs)
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """cloudpickle 3 ships code by value under the file name ``<dynamic-code>``; keep the real one, so
+    trace sites, tracebacks and hang reports name ``test_x.py:15`` under every cloudpickle version."""
+    rebuild, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return rebuild, tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a for a in args)
+
+
+def _torch_ops_by_name(_ops):
+    return importlib.import_module, ("torch.ops",)

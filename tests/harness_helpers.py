@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import runner
+from harness import pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def assert_fresh_world_works(world_size: int, old_pids: list):
     assert not set(new) & set(old_pids), f"the failed world was reused: {old_pids} -> {new}"
     assert harness.run(sum_of_ranks, world_size, timeout=30).values == [world_size * (world_size - 1) / 2] * world_size
     assert not any(_alive(p) for p in old_pids), "a rank of the failed world is still alive"
-    assert sorted(runner.live_rank_pids()) == sorted(set(runner.live_rank_pids()))
+    assert sorted(pool.live_rank_pids()) == sorted(set(pool.live_rank_pids()))
 
 
 def _alive(pid: int) -> bool:

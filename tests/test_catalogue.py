@@ -1,7 +1,7 @@
 """problems.yaml is validated at load, with errors that say where and what."""
 import pytest
 
-from harness import catalogue
+from kit import catalogue
 
 GOOD = """
 problems:

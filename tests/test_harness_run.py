@@ -1,4 +1,5 @@
-"""harness.run: return values, exceptions in plain words, world sizes, the reused pool."""
+"""harness.run: return values, exceptions in plain words, world sizes, the reused pool, defaults."""
+import dataclasses
 import os
 import time
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness import runner
+from harness import pool
 from tests.harness_helpers import assert_fresh_world_works, pids, sum_of_ranks
 
 THIS_FILE = os.path.abspath(__file__)
@@ -76,7 +77,7 @@ def test_the_same_rank_processes_serve_consecutive_calls():
     first = pids(2)
     for _ in range(3):
         assert pids(2) == first
-    assert set(first) <= set(runner.live_rank_pids())
+    assert set(first) <= set(pool.live_rank_pids())
     assert len(set(first)) == 2 and os.getpid() not in first
 
 
@@ -118,7 +119,7 @@ def test_exception_names_rank_and_trims_traceback_to_code_under_test():
     assert [f[2] for f in err.frames] == ["raise_on_rank_1", "_helper_that_raises"]
     assert all(os.path.abspath(f[0]) == THIS_FILE for f in err.frames), err.frames
     text = str(err)
-    assert text.startswith("rank 1 raised ValueError: bad input 42")
+    assert text.startswith("rank 1 raised ValueError: bad input 42") and err.render() == text
     assert "_helper_that_raises(42)" in text and "site-packages" not in text and "harness/" not in text
     # rank 0 was stuck inside all_reduce: its world is replaced, and the next call works
     assert_fresh_world_works(2, before)
@@ -148,6 +149,8 @@ def test_not_implemented_names_the_stub_location():
     file = os.path.relpath(THIS_FILE) if not os.path.relpath(THIS_FILE).startswith("..") else THIS_FILE
     assert info.value.location == f"{file}:{line} (stub)"
     assert str(info.value) == f"not implemented yet: {file}:{line} (stub)"
+    assert info.value.render().startswith("rank 0 raised NotImplementedError: fill me in\n")   # the whole report
+    assert "raise NotImplementedError" in info.value.render()
     assert info.value.rank == 0   # a BaseException on purpose: hypothesis stops at once on a stub
 
 
@@ -196,3 +199,36 @@ def test_unpicklable_arguments_are_a_clear_error_in_the_caller():
     with pytest.raises(TypeError, match="harness.run cannot send describe_rank and its arguments to the ranks"):
         harness.run(describe_rank, 2, (i for i in range(3)), timeout=10)
     assert pids(2) == before   # nothing was sent: the world is kept
+
+
+# ---- defaults: what a call leaves out -----------------------------------------------------------
+
+def test_defaults_apply_to_calls_in_the_block_and_nest():
+    with harness.defaults(forbid={"all_reduce"}, timeout=10) as outer:
+        assert outer == harness.RunDefaults(forbid=("all_reduce",), timeout=10)
+        with pytest.raises(harness.ForbiddenOp, match="all_reduce is not allowed"):
+            harness.run(sum_of_ranks, 2)
+        assert harness.run(sum_of_ranks, 2, forbid=()).values == [1.0, 1.0]   # a call's own argument wins
+        with harness.defaults(stop_on_hang=True) as inner:   # fields not given keep the outer block's
+            assert inner.forbid == ("all_reduce",) and inner.timeout == 10 and inner.stop_on_hang
+        with harness.defaults(forbid=()):
+            assert harness.run(sum_of_ranks, 2).values == [1.0, 1.0]
+    assert harness.run(sum_of_ranks, 2, timeout=30).values == [1.0, 1.0]   # gone after the block
+
+
+def test_defaults_are_frozen_and_refuse_unknown_fields():
+    with pytest.raises(TypeError):
+        with harness.defaults(time_limit=3):
+            pass
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        harness.RunDefaults().timeout = 3
+
+
+def test_on_trace_receives_each_successful_calls_trace():
+    seen = []
+    with harness.defaults(on_trace=seen.append, timeout=30):
+        result = harness.run(sum_of_ranks, 2)
+        with pytest.raises(harness.RankError):
+            harness.run(raise_on_every_rank_after_balanced_ops, 2)
+    harness.run(sum_of_ranks, 2, timeout=30)
+    assert seen == [result.trace]

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import _sandbox
+from harness import _landlock, _sandbox
 
 N = 2
 TIMEOUT = 30
@@ -357,7 +357,7 @@ def test_the_landlock_probe_gives_a_version_or_a_reason():
 
 def test_without_landlock_confine_only_says_why(monkeypatch, tmp_path):
     """A kernel without Landlock (ENOSYS here, by an unknown syscall number): the reason, and nothing else."""
-    monkeypatch.setattr(_sandbox, "_SYS", {m: (99999, 99999, 99999, 99999) for m in ("x86_64", "aarch64")})
+    monkeypatch.setattr(_landlock, "_SYS", {m: (99999, 99999, 99999) for m in ("x86_64", "aarch64")})
     monkeypatch.setattr(_sandbox, "STATUS", None)
     monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
     with open("/proc/self/status") as f:

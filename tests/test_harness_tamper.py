@@ -432,22 +432,63 @@ def test_a_python_stand_in_for_the_op_counter_is_caught():
     assert_fresh_world_works(2, before)
 
 
+
+def replace_the_public_phase():
+    import contextlib
+    harness.phase = lambda *args, **kwargs: contextlib.nullcontext()
+
+
+def shadow_a_method_of_the_recorders_group_half():
+    from harness._recorder import Recorder
+    Recorder.check_untampered = lambda self: None
+
+
+def silence_the_waits():
+    from harness._recorder import Recorder
+    Recorder.waiting = lambda self, work: None   # what a cheating submission tried (tests/test_workflows.py)
+
+
+def unplug_the_kernels_from_the_recorder():
+    from harness import _kernels
+    _kernels.active = lambda: None
+
+
+def hide_memory_from_the_measurement():
+    from harness import memory
+    memory.live_storages = lambda *args, **kwargs: memory.Storages()
+
+
+@pytest.mark.parametrize("attack, piece", [
+    (replace_the_public_phase, "harness.phase"),
+    (shadow_a_method_of_the_recorders_group_half, "Recorder.check_untampered"),
+    (silence_the_waits, "Recorder.waiting"),
+    (unplug_the_kernels_from_the_recorder, "harness._kernels.active"),
+    (hide_memory_from_the_measurement, "harness.memory.live_storages"),
+], ids=lambda x: getattr(x, "__name__", None))
+def test_replacing_a_piece_of_the_tracer_is_caught(attack, piece):
+    before = pids(2)
+    with pytest.raises(harness.TraceTampered, match=rf"tracer was modified \({piece}\)"):
+        harness.run(attack, 2, timeout=30)
+    assert_fresh_world_works(2, before)
+
+
 # ---- the records the op-count check reads are the ones the test process received ------------------
 
 def _streamed_digest(world_size: int, rank: int) -> str:
     """``ops_digest`` of each op's last streamed form, as the test process received it."""
-    from harness import _tracer, runner
+    from harness import pool
+    from harness.policy import ops_digest
     last = {}
-    for event in runner._WORLDS[(world_size, "gloo")].records[rank].raw_events():
+    for event in pool._WORLDS[(world_size, "gloo")].records[rank].raw_events():
         if event.get("ev") in ("issue", "wait", "done"):
             last[event["i"]] = event["op"]
-    return _tracer.ops_digest([last[i] for i in sorted(last)])
+    return ops_digest([last[i] for i in sorted(last)])
 
 
 def honest_ops_then_the_recorders_digest():
-    from harness import _tracer
+    from harness._recorder import active
     run_calls(["all_reduce", "isend_irecv", "functional_all_reduce", "all_to_all_single_uneven"], False, True)
-    return _tracer._RECORDER.digest()
+    return active().digest()
 
 
 def test_the_recorders_digest_matches_the_stream_for_honest_code():
@@ -459,11 +500,11 @@ def test_the_recorders_digest_matches_the_stream_for_honest_code():
 def make_room_for_an_untraced_op():
     """Rename a traced all_reduce as a list reduce_scatter (gloo counts it twice on 2 ranks), then run one
     all_reduce the tracer cannot see: the counters balance, and the test process never hears of it."""
-    from harness import _tracer
+    from harness._recorder import active
     dist.all_reduce(torch.ones(2))
-    _tracer._RECORDER.ops[0]["name"] = "c10d.reduce_scatter_.default"
+    active().ops[0]["name"] = "c10d.reduce_scatter_.default"
     untraced_all_reduce(None)
-    return _tracer._RECORDER.digest()
+    return active().digest()
 
 
 def test_renaming_a_record_to_make_room_for_an_untraced_op_shows_in_the_digest():

@@ -48,15 +48,15 @@ def send_a_pickled_reply_with_the_stolen_token(marker):
     import sys
     from multiprocessing.connection import Connection
     frame = sys._getframe(1)
-    token = frame.f_locals["reply"]["token"]
+    token = frame.f_locals["reply"].token
     conn = next(o for o in gc.get_objects() if isinstance(o, Connection) and o.writable and o.readable)
     conn.send_bytes(pickle.dumps((token, ("ok", _RunsCodeWhenUnpickled(marker), [], []))))
     return 1
 
 
 def stream_a_pickled_record(marker):
-    from harness import _tracer
-    os.write(_tracer._RECORDER.flight_fd, _hostile_pickle(marker) + b"\n")
+    from harness._recorder import active
+    os.write(active().flight_fd, _hostile_pickle(marker) + b"\n")
     return 1
 
 
@@ -81,10 +81,10 @@ def test_a_return_value_that_is_not_plain_data_is_a_clear_error():
 # ---- the record of communication is the test process's ---------------------------------------------
 
 def all_reduce_then_rewrite_the_record():
-    from harness import _tracer
+    from harness._recorder import active
     t = torch.ones(4)
     dist.all_reduce(t)
-    _tracer._RECORDER.ops[0].update(kind="broadcast", in_bytes=1, site="elsewhere.py:1")
+    active().ops[0].update(kind="broadcast", in_bytes=1, site="elsewhere.py:1")
     return t.tolist()
 
 
@@ -94,9 +94,9 @@ def test_rewriting_op_records_after_the_fact_is_caught():
 
 
 def all_reduce_then_forge_a_phase():
-    from harness import _tracer
+    from harness._recorder import active
     dist.all_reduce(torch.ones(4))
-    _tracer._RECORDER.phases.append({"rank": dist.get_rank(), "name": "forged", "step": 0, "start": 0, "end": 1})
+    active().phases.append({"rank": dist.get_rank(), "name": "forged", "step": 0, "start": 0, "end": 1})
 
 
 def test_a_phase_added_after_the_fact_is_not_in_the_trace():
@@ -108,8 +108,9 @@ def test_a_phase_added_after_the_fact_is_not_in_the_trace():
 
 
 def clear_the_policy_then_all_reduce():
-    from harness import _tracer
-    _tracer._RECORDER.policy = _tracer.Policy()
+    from harness._recorder import active
+    from harness.policy import Policy
+    active().policy = Policy()
     dist.all_reduce(torch.ones(2))
 
 
@@ -120,8 +121,8 @@ def test_clearing_the_policy_inside_the_rank_does_not_lift_it():
 
 def stream_a_forged_record():
     import json
-    from harness import _tracer
-    recorder = _tracer._RECORDER
+    from harness._recorder import active
+    recorder = active()
     forged = {"ev": "issue", "i": 0, "op": {"rank": dist.get_rank(), "index": 0, "kind": "all_reduce",
                                              "name": "c10d.allreduce_.default", "shapes": [[4]],
                                              "dtypes": ["torch.float32"], "in_bytes": 16, "out_bytes": 16,

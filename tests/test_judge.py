@@ -5,7 +5,9 @@ import re
 
 import pytest
 
-from harness import catalogue, workflows
+from kit import catalogue, cli
+from kit.grade import common_failures
+from kit.selfcheck import first_line
 from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, judge, with_make_buckets  # noqa: F401  (fixture)
 
 
@@ -303,9 +305,9 @@ def test_summaries_are_never_cut_mid_word():
     message = ("make_buckets(sizes=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], cap=3) returned [[11], [10], [9], [8], "
                "[7], [6], [5], [4], [3], [2], [1, 0]]: bucket [1, 0] holds 3 bytes > cap 3 (only a single oversize "
                "parameter may exceed the cap)\nsecond line")
-    assert workflows.first_line(message) == message.splitlines()[0]
+    assert first_line(message) == message.splitlines()[0]
     results = [{"tests": [{"name": "test_x", "outcome": "failed", "kind": "property", "message": message}]}]
-    assert workflows.common_failures(results)[0]["example"] == message.splitlines()[0]
+    assert common_failures(results)[0]["example"] == message.splitlines()[0]
     assert catalogue.load()[113]  # the catalogue still loads
 
 
@@ -315,7 +317,7 @@ def test_selfcheck_details_are_shown_whole(monkeypatch, capsys):
     detail = ("rejected by test_one_async_all_reduce_per_bucket_during_backward: all_reduce #1 "
               "(solutions/113_ddp_buckets/wrong/allreduce_after_backward.py:41) was issued in 'finish' "
               "[[3, 2], [1, 0]]")
-    monkeypatch.setattr(workflows, "selfcheck_problem", lambda problem, **kw: [
+    monkeypatch.setattr(cli, "selfcheck_problem", lambda problem, config, **kw: [
         {"problem": 113, "target": "wrong:allreduce_after_backward", "ok": True, "detail": detail, "path": "x"}])
     assert judge_cli.main(["selfcheck", "113"]) == 0
     shown = capsys.readouterr().out

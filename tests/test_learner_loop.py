@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import sys
 
-from harness import timeline
-from harness.trace import CommOp, PhaseSpan, Trace
+from harness import CommOp, PhaseSpan, Trace, to_chrome
+from kit import show
 from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, judge, with_make_buckets  # noqa: F401  (fixture)
 
 _NOT_COPIED = {".git", ".venv", ".hypothesis", ".kit", ".ci", "__pycache__", "dist_practice_kit.egg-info"}
@@ -102,7 +102,7 @@ def test_chrome_trace_puts_ops_in_flight_at_once_on_rows_of_their_own():
     """#7: two async all_reduces overlapped on one comm track without nesting; Perfetto may draw that wrong."""
     ops = [_op(0, 0, 0.001, 0.005), _op(0, 1, 0.002, 0.006), _op(0, 2, 0.007, 0.008)]
     trace = Trace(ops_by_rank=[ops], phases_by_rank=[[PhaseSpan(0, "backward", None, 0.0, 0.004)]])
-    chrome = timeline.to_chrome(trace)
+    chrome = to_chrome(trace)
     spans = {}
     for e in chrome["traceEvents"]:
         if e["ph"] == "X":
@@ -115,7 +115,7 @@ def test_chrome_trace_puts_ops_in_flight_at_once_on_rows_of_their_own():
     assert comm_rows == {1, 2}
     names = {e["args"]["name"] for e in chrome["traceEvents"] if e["name"] == "thread_name"}
     assert {"compute (phases)", "comm"} <= names
-    lanes = "".join(piece for piece, _ in timeline.render_lanes(chrome))
+    lanes = "".join(piece for piece, _ in show.render_lanes(chrome))
     assert "rank 0 comm" in lanes and lanes.count("rank 0 comm") == 1
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness import catalogue
+from kit import catalogue
 from tests.judge_helpers import judge  # noqa: F401  (fixture)
 
 

@@ -5,7 +5,10 @@ import shutil
 import threading
 import time
 
-from harness import catalogue, workflows
+from kit import catalogue, stubs
+from kit.config import KitConfig
+from kit.selfcheck import selfcheck_problem
+from kit.watch import watch
 from tests.judge_helpers import ROOT, ProblemWithPracticeFile, judge  # noqa: F401  (fixture)
 
 REFERENCE = os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")
@@ -45,13 +48,13 @@ def test_progress_is_recorded_and_shown_and_watch_records_the_whole_score(judge,
 def test_is_stub_recognises_stubs_only():
     stub = open(os.path.join(ROOT, "practice/113_ddp_buckets/ddp_buckets.py")).read()
     names = catalogue.load()[113].names
-    assert workflows.is_stub(stub, names)
-    assert not workflows.is_stub(open(REFERENCE).read(), names)
+    assert stubs.is_stub(stub, names)
+    assert not stubs.is_stub(open(REFERENCE).read(), names)
 
 
 def test_the_pristine_stub_comes_from_git_history():
     problem = catalogue.load()[113]
-    assert workflows.is_stub(workflows.pristine_stub(problem), problem.names)
+    assert stubs.is_stub(stubs.pristine_stub(problem), problem.names)
 
 
 class _ScratchProblem:
@@ -66,21 +69,21 @@ class _ScratchProblem:
 
 
 def test_reset_restores_the_stub_and_keeps_a_backup(tmp_path, monkeypatch):
-    monkeypatch.setattr(workflows, "STATE_DIR", str(tmp_path / "state"))
+    state_dir = str(tmp_path / "state")
     problem = _ScratchProblem(tmp_path / "ddp_buckets.py")
     stub = _real_pristine(catalogue.load()[113])
-    monkeypatch.setattr(workflows, "pristine_stub", lambda p: stub)
+    monkeypatch.setattr(stubs, "pristine_stub", lambda p: stub)
     (tmp_path / "ddp_buckets.py").write_text("# my work in progress\n")
-    assert "Left your file" in workflows.reset(problem, ask=lambda q: "n")
+    assert "Left your file" in stubs.reset(problem, state_dir, ask=lambda q: "n")
     assert (tmp_path / "ddp_buckets.py").read_text() == "# my work in progress\n"
-    assert "Restored the stub" in workflows.reset(problem, ask=lambda q: "y")
+    assert "Restored the stub" in stubs.reset(problem, state_dir, ask=lambda q: "y")
     assert (tmp_path / "ddp_buckets.py").read_text() == stub
     backup_dir = tmp_path / "state" / "backups" / "113_ddp_buckets"
     assert [p.read_text() for p in backup_dir.iterdir()] == ["# my work in progress\n"]
-    assert "already the stub" in workflows.reset(problem, ask=lambda q: "y")
+    assert "already the stub" in stubs.reset(problem, state_dir, ask=lambda q: "y")
 
 
-_real_pristine = workflows.pristine_stub
+_real_pristine = stubs.pristine_stub
 
 
 def test_reset_without_a_terminal_is_a_usage_error_not_a_traceback(tmp_path, monkeypatch, capsys):
@@ -92,14 +95,14 @@ def test_reset_without_a_terminal_is_a_usage_error_not_a_traceback(tmp_path, mon
     real = catalogue.load()
     problems = {**real, 113: ProblemWithPracticeFile(real[113], mine)}
     monkeypatch.setattr(catalogue, "load", lambda: problems)
-    monkeypatch.setattr(workflows, "STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KIT_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setattr("sys.stdin", io.StringIO(""))   # what `< /dev/null` gives input()
     assert judge_cli.main(["113", "--reset"]) == 4
     err = capsys.readouterr().err
     assert "no answer to read" in err and "--reset --yes" in err and "Traceback" not in err
     assert mine.read_text() == "# my work in progress\n"
     assert judge_cli.main(["113", "--reset", "--yes"]) == 0
-    assert workflows.is_stub(mine.read_text(), real[113].names)
+    assert stubs.is_stub(mine.read_text(), real[113].names)
 
 
 def test_selfcheck_checks_the_committed_stub_not_the_learners_solved_file(tmp_path):
@@ -115,7 +118,7 @@ def test_selfcheck_checks_the_committed_stub_not_the_learners_solved_file(tmp_pa
         "def test_bucket_cap_of_one_byte(target):\n"
         "    got = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
         "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")
-    rows = {r["target"]: r for r in workflows.selfcheck_problem(problem, tests_root=str(tmp_path / "hidden"))}
+    rows = {r["target"]: r for r in selfcheck_problem(problem, KitConfig(profile="quick"), tests_root=str(tmp_path / "hidden"))}
     assert rows["reference"]["ok"], rows["reference"]
     assert rows["stub"]["ok"] and rows["stub"]["detail"] == "scores 0, 'not implemented yet'", rows["stub"]
     assert rows["stub"]["path"] == "practice/113_ddp_buckets/ddp_buckets.py (git)"
@@ -126,7 +129,7 @@ def test_watch_rejudges_after_each_save(tmp_path):
     watched = tmp_path / "mine.py"
     watched.write_text("v1")
     runs = []
-    thread = threading.Thread(target=workflows.watch, args=(str(watched), lambda: runs.append(watched.read_text())),
+    thread = threading.Thread(target=watch, args=(str(watched), lambda: runs.append(watched.read_text())),
                               kwargs={"poll": 0.05, "max_runs": 3}, daemon=True)
     thread.start()
     for text in ("v2", "v3 is longer"):
@@ -195,7 +198,7 @@ def _sync_all_reduce(flat):
     return _Done()
 
 
-import harness._tracer as _t
+import harness._recorder as _t
 _t.Recorder.waiting = lambda self, work: None
 """)
     out_csv = tmp_path / "grades.csv"

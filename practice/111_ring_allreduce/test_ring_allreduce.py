@@ -10,8 +10,8 @@ import torch
 from hypothesis import example, given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.member_groups import member_group
+from testkit import strategies as hs
+from testkit.groups import member_group
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 NAMES = ("ring_all_reduce", "ring_reduce_scatter", "ring_all_gather")

@@ -9,7 +9,7 @@ from hypothesis import example, given, strategies as st
 from torch.utils.data import DistributedSampler, Sampler
 
 import harness
-from harness import strategies as hs
+from testkit import strategies as hs
 
 
 @st.composite

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from hypothesis import assume, given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.models import grad_bytes, mse, random_batches, random_mlp, shard, train_reference
+from testkit import strategies as hs
+from testkit.models import grad_bytes, mse, random_batches, random_mlp, shard, train_reference
 
 
 # ---- make_buckets -------------------------------------------------------------------------------

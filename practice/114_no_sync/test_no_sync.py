@@ -9,8 +9,8 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.models import OptimizerSpec, mse, random_batches, random_mlp, shard, train_reference
+from testkit import strategies as hs
+from testkit.models import OptimizerSpec, mse, random_batches, random_mlp, shard, train_reference
 
 
 @st.composite

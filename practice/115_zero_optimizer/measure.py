@@ -18,9 +18,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import harness  # noqa: E402
-from harness.flat_shards import ring_wire_bytes  # noqa: E402
-from harness.target_cli import target_from_command_line  # noqa: E402
-from harness.models import mse, random_mlp  # noqa: E402
+from kit.target_cli import target_from_command_line  # noqa: E402
+from testkit.flat_shards import ring_wire_bytes  # noqa: E402
+from testkit.models import mse, random_mlp  # noqa: E402
 
 WIDTHS = [64, 96, 96, 10]
 

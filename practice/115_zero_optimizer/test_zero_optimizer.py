@@ -12,10 +12,10 @@ import torch.distributed as dist
 from hypothesis import given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.flat_shards import (mlp_widths_with_tiny, owned_real, owned_slice, ring_wire_bytes, shard_size,
+from testkit import strategies as hs
+from testkit.flat_shards import (mlp_widths_with_tiny, owned_real, owned_slice, ring_wire_bytes, shard_size,
                                  states_per_element)
-from harness.models import mse, random_batches, random_mlp, shard, train_reference
+from testkit.models import mse, random_batches, random_mlp, shard, train_reference
 
 FLOAT64 = ((torch.float64, None),)
 ANY_PRECISION = ((torch.float64, None), (torch.float32, None), (torch.bfloat16, torch.float32))

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from hypothesis import given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.flat_shards import mlp_widths_with_tiny, owned_slice, ring_wire_bytes, shard_size, unflatten
-from harness.models import mse, random_batches, random_mlp, shard, train_reference
+from testkit import strategies as hs
+from testkit.flat_shards import mlp_widths_with_tiny, owned_slice, ring_wire_bytes, shard_size, unflatten
+from testkit.models import mse, random_batches, random_mlp, shard, train_reference
 
 
 @st.composite

@@ -2,7 +2,7 @@
 
 Learner code runs only on the ranks (``harness.run``); the full layers' outputs and
 gradients are computed here, in the test process, with plain single-process PyTorch.
-Which slice of the weights a rank holds is found by value (``harness.shard_match``),
+Which slice of the weights a rank holds is found by value (``shard_match.py``, beside this file),
 never by reading attribute names.  Each rank receives the full layers (the contract) and
 only its own input and upstream gradient (``harness.per_rank``); the seed stays here.
 """
@@ -14,10 +14,12 @@ from hypothesis import given, strategies as st
 from torch import nn
 
 import harness
-from harness import strategies as hs
-from harness.shard_match import (check_holds_exactly, check_own_storage, check_shard_grads, columns,
-                                 distinct_values_, held_tensors, rows)
-from harness.subgroups import contiguous_groups, group_layout, positions
+from testkit import strategies as hs
+from testkit.groups import contiguous_groups, group_layout, positions
+
+# this folder's own helper, shard_match.py (conftest.py makes it importable by name)
+from shard_match import (check_holds_exactly, check_own_storage, check_shard_grads, columns, distinct_values_,
+                         held_tensors, rows)
 
 # The expected values are tiny tensors: one thread computes them ~100x faster than a pool
 # competing with the ranks for the cores.

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.member_groups import member_group
+from testkit import strategies as hs
+from testkit.groups import member_group
 
 F64 = dict(atol=1e-9, rtol=1e-7)
 LARGE_LOGIT = 300.0      # exp(300) overflows float32 (and float64 stays exact enough to compare with)

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from hypothesis import assume, given, strategies as st
 
 import harness
-from harness import strategies as hs
-from harness.member_groups import member_group
+from testkit import strategies as hs
+from testkit.groups import member_group
 
 F64 = dict(atol=1e-9, rtol=1e-7)
 IDLE_LOGIT = -1e3        # an idle expert's router column makes its logit about this: never in the top-k

@@ -3,8 +3,7 @@ import torch
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_bytes_within_ring_bound"
 
 

@@ -1,8 +1,7 @@
 """Cuts the tensor into N chunks of numel // N elements, so the last numel % N elements are never summed."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_all_gather = ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_all_reduce_sums"
 
 

@@ -3,8 +3,7 @@ import torch
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_all_reduce, ring_reduce_scatter = ref.ring_all_reduce, ref.ring_reduce_scatter
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_all_gather_concatenates_in_rank_order"
 
 

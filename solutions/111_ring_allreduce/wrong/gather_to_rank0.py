@@ -4,8 +4,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_ring_neighbours_only"
 
 

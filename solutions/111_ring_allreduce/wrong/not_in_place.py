@@ -1,8 +1,7 @@
 """ring_all_reduce returns the sum in a new tensor and leaves the caller's tensor as it was."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_all_reduce_sums"
 
 

@@ -3,8 +3,7 @@ import torch
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_all_gather = ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_reduce_scatter_returns_own_chunk"
 
 

@@ -1,8 +1,7 @@
 """ring_reduce_scatter sums inside the caller's tensor, which comes back overwritten with partial sums."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_all_reduce, ring_all_gather = ref.ring_all_reduce, ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_reduce_scatter_returns_own_chunk"
 
 

@@ -11,9 +11,8 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_all_reduce_depends_on_its_messages"
-ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
 
 
 def _pack(t):

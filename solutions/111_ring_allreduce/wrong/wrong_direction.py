@@ -1,8 +1,7 @@
 """The all-reduce walks the ring backwards: rank r sends to (r-1)%N and receives from (r+1)%N."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-ring_reduce_scatter, ring_all_gather = ref.ring_reduce_scatter, ref.ring_all_gather
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_ring_neighbours_only"
 
 

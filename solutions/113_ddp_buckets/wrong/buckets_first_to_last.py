@@ -1,8 +1,7 @@
 """Fills buckets walking from the FIRST parameter, the order of forward, not of backward."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-comm_timeline, exposed_comm = ref.comm_timeline, ref.exposed_comm
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_bucket_contract"
 
 

@@ -1,8 +1,7 @@
 """Measures exposed time from the last bucket's own ready time, not from the last gradient overall."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-make_buckets, comm_timeline, BucketedDDP = ref.make_buckets, ref.comm_timeline, ref.BucketedDDP
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_exposed_comm"
 
 

@@ -5,8 +5,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-make_buckets, comm_timeline, exposed_comm = ref.make_buckets, ref.comm_timeline, ref.exposed_comm
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_gradients_accumulate_across_backward_passes"
 
 

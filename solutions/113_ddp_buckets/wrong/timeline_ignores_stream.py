@@ -1,8 +1,7 @@
 """Starts each bucket when its gradients are ready, as if every bucket had its own stream."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-make_buckets, BucketedDDP = ref.make_buckets, ref.BucketedDDP
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_timeline"
 
 

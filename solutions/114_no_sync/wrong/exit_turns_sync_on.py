@@ -3,8 +3,7 @@ import contextlib
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-train_step = ref.train_step
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_nested_no_sync"
 
 

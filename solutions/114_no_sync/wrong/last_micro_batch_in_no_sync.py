@@ -1,8 +1,7 @@
 """Runs every micro-batch, the last one too, inside no_sync(), so the gradients are never averaged."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-AccumulatingDDP = ref.AccumulatingDDP
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_train_step_matches_single_process"
 
 

@@ -3,8 +3,7 @@ import contextlib
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-AccumulatingDDP = ref.AccumulatingDDP
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_train_step_matches_single_process"
 
 

@@ -3,8 +3,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-train_step = ref.train_step
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_no_collectives_inside_no_sync"
 
 

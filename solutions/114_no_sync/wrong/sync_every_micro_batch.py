@@ -1,8 +1,7 @@
 """train_step never enters no_sync(), so each of the k backward passes averages the gradients."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-AccumulatingDDP = ref.AccumulatingDDP
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_one_sync_per_step"
 
 

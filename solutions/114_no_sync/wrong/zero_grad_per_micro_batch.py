@@ -1,8 +1,7 @@
 """Zeroes the gradients before every micro-batch, so only the last micro-batch's gradient reaches the step."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-AccumulatingDDP = ref.AccumulatingDDP
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_train_step_matches_single_process"
 
 

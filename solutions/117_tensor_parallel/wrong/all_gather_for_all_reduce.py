@@ -4,8 +4,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-copy_to_tp, gather_from_tp = ref.copy_to_tp, ref.gather_from_tp
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_reduce_from_tp"
 
 

@@ -3,10 +3,7 @@ import torch.nn.functional as F
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-copy_to_tp, reduce_from_tp, gather_from_tp = ref.copy_to_tp, ref.reduce_from_tp, ref.gather_from_tp
-ColumnParallelLinear, ParallelMLP, ParallelSelfAttention = (ref.ColumnParallelLinear, ref.ParallelMLP,
-                                                            ref.ParallelSelfAttention)
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_row_parallel_linear"
 
 

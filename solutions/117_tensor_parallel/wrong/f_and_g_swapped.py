@@ -1,10 +1,7 @@
 """f and g swapped: copy_to_tp all-reduces in forward, reduce_from_tp all-reduces in backward."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-gather_from_tp = ref.gather_from_tp
-ColumnParallelLinear, RowParallelLinear = ref.ColumnParallelLinear, ref.RowParallelLinear
-ParallelMLP, ParallelSelfAttention = ref.ParallelMLP, ref.ParallelSelfAttention
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_copy_to_tp"
 
 

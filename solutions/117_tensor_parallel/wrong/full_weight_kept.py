@@ -5,9 +5,7 @@ from torch import nn
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-copy_to_tp, reduce_from_tp, gather_from_tp = ref.copy_to_tp, ref.reduce_from_tp, ref.gather_from_tp
-RowParallelLinear, ParallelSelfAttention = ref.RowParallelLinear, ref.ParallelSelfAttention
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_parameters_are_shards"
 
 

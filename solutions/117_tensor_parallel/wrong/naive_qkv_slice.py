@@ -4,10 +4,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-copy_to_tp, reduce_from_tp, gather_from_tp = ref.copy_to_tp, ref.reduce_from_tp, ref.gather_from_tp
-ColumnParallelLinear, RowParallelLinear, ParallelMLP = (ref.ColumnParallelLinear, ref.RowParallelLinear,
-                                                       ref.ParallelMLP)
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_parallel_self_attention"
 
 

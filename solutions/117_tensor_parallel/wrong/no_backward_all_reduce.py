@@ -1,8 +1,7 @@
 """copy_to_tp is a plain identity: the input gradient keeps only this rank's partial sum (f is missing)."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-reduce_from_tp, gather_from_tp = ref.reduce_from_tp, ref.gather_from_tp
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_column_parallel_linear"
 
 
@@ -14,7 +13,3 @@ class ColumnParallelLinear(ref.ColumnParallelLinear):
     def forward(self, x):
         y = ref.F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
         return gather_from_tp(y, self.group) if self.gather_output else y
-
-
-RowParallelLinear, ParallelMLP, ParallelSelfAttention = (ref.RowParallelLinear, ref.ParallelMLP,
-                                                         ref.ParallelSelfAttention)

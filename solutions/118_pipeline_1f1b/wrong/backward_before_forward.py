@@ -1,10 +1,7 @@
 """The steady state runs one backward then one forward, so the last stage starts with B0 before F0."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (ref.schedule_gpipe, ref.simulate, ref.SimResult,
-                                                         ref.ScheduleDeadlock)
-run_pipeline = ref.run_pipeline
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_schedules_hold_every_op_once_and_are_feasible"
 
 

@@ -4,9 +4,7 @@ import torch.distributed as dist
 
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_1f1b, schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (
-    ref.schedule_1f1b, ref.schedule_gpipe, ref.simulate, ref.SimResult, ref.ScheduleDeadlock)
+reference_of(__file__, into=globals())
 REJECTED_BY = "test_no_deadlock"
 
 

@@ -1,10 +1,7 @@
 """simulate forgets t_comm: an op starts the moment the op it waits for on a neighbour ends."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_1f1b, schedule_gpipe, SimResult, ScheduleDeadlock = (ref.schedule_1f1b, ref.schedule_gpipe, ref.SimResult,
-                                                              ref.ScheduleDeadlock)
-run_pipeline = ref.run_pipeline
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_simulate_follows_the_dependencies"
 
 

@@ -1,9 +1,7 @@
 """run_pipeline runs all forwards, then all backwards, whatever op list it is given."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_1f1b, schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (
-    ref.schedule_1f1b, ref.schedule_gpipe, ref.simulate, ref.SimResult, ref.ScheduleDeadlock)
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_trace_follows_the_op_list"
 
 

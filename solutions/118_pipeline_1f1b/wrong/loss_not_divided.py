@@ -1,9 +1,7 @@
 """The last stage backwards loss_fn(out, target) without dividing by m: gradients and loss m times too big."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_1f1b, schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (
-    ref.schedule_1f1b, ref.schedule_gpipe, ref.simulate, ref.SimResult, ref.ScheduleDeadlock)
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_pipeline_matches_single_process"
 
 

@@ -1,10 +1,7 @@
 """simulate runs each stage's ops back to back from time 0, ignoring what they wait for."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_1f1b, schedule_gpipe, SimResult, ScheduleDeadlock = (ref.schedule_1f1b, ref.schedule_gpipe, ref.SimResult,
-                                                              ref.ScheduleDeadlock)
-run_pipeline = ref.run_pipeline
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_makespan_and_bubble_formula"
 
 

@@ -1,10 +1,7 @@
 """Warms up with num_stages - s forwards instead of num_stages - s - 1."""
 from harness import reference_of
 
-ref = reference_of(__file__)
-schedule_gpipe, simulate, SimResult, ScheduleDeadlock = (ref.schedule_gpipe, ref.simulate, ref.SimResult,
-                                                         ref.ScheduleDeadlock)
-run_pipeline = ref.run_pipeline
+ref = reference_of(__file__, into=globals())
 REJECTED_BY = "test_1f1b_is_the_canonical_order"
 
 

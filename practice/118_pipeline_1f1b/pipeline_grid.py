@@ -1,4 +1,4 @@
-"""Draw a pipeline schedule, or its simulated timeline, as a per-stage grid of text (problem 118).
+"""Draw a pipeline schedule, or its simulated timeline, as a per-stage grid of text (problem 118's tests).
 
 A schedule (one op list per stage, ops like ``("F", 0)``) becomes one line per stage,
 the ops in list order::
@@ -18,17 +18,15 @@ time unit (the shortest op by default), ``.`` where the stage idles::
     stage 1 | .  F0 B0 F1 B1
 
 Anything else degrades to plain text (one ``repr`` per stage, or of the whole value);
-``render_grid`` never raises, so a judge can show whatever a learner's code returned.
+``render_grid`` never raises, so a test can draw whatever a learner's code returned.
 ``color=True`` adds ANSI colours (forwards green, backwards cyan, idle dim).
-``show_for_target(path)`` runs a learner's ``schedule_1f1b`` and ``simulate`` on one
-harness rank and returns both drawings (a rich ``Text`` when rich is installed).
 """
 from __future__ import annotations
 
 import math
 
 _STYLE = {"F": "green", "B": "cyan", "idle": "dim"}
-_ANSI = {"green": "\x1b[32m", "cyan": "\x1b[36m", "dim": "\x1b[2m", "bold": "\x1b[1m"}
+_ANSI = {"green": "\x1b[32m", "cyan": "\x1b[36m", "dim": "\x1b[2m"}
 _RESET = "\x1b[0m"
 
 
@@ -120,64 +118,3 @@ def _safe_repr(value) -> str:
 
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-# ---- the judge's view of a learner's file ------------------------------------------------------------
-
-def _learner_views(target, num_stages, num_microbatches, t_fwd, t_bwd):
-    """Runs on one rank: the learner's schedule and its simulated timeline, as plain data or error text."""
-    module = target.load()
-    out = {}
-    try:
-        schedule = module.schedule_1f1b(num_stages, num_microbatches)
-        out["schedule"] = [[(str(op[0]), int(op[1])) for op in ops] for ops in schedule]
-    except Exception as e:  # noqa: BLE001
-        out["schedule_error"] = f"{type(e).__name__}: {e}"
-        return out
-    try:
-        result = module.simulate(schedule, t_fwd, t_bwd)
-        out["events"] = [[((str(op[0]), int(op[1])), float(a), float(b)) for op, a, b in stage]
-                         for stage in result.events]
-    except Exception as e:  # noqa: BLE001
-        out["events_error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
-def show_for_target(path: str, num_stages: int = 4, num_microbatches: int = 6, t_fwd: float = 1.0,
-                    t_bwd: float = 2.0):
-    """The learner's ``schedule_1f1b`` and its ``simulate`` timeline, drawn; a message instead if they fail."""
-    call = f"schedule_1f1b({num_stages}, {num_microbatches})"
-    try:
-        from . import Target, run
-        views = run(_learner_views, 1, Target(path), num_stages, num_microbatches, t_fwd, t_bwd,
-                    timeout=10).values[0]
-    except Exception as e:  # noqa: BLE001
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _styled([[(f"(cannot draw {call}: {message})", None)]])
-    sections = [[(f"{call}, your op lists:", "bold")]]
-    if "schedule" in views:
-        sections += _lines(views["schedule"])
-    else:
-        sections.append([(f"  raised {views['schedule_error']}", None)])
-        return _styled(sections)
-    sections.append([(f"simulate(that, t_fwd={t_fwd:g}, t_bwd={t_bwd:g}), one cell = {t_fwd:g}:", "bold")])
-    if "events" in views:
-        sections += _lines(views["events"], unit=t_fwd)
-    else:
-        sections.append([(f"  raised {views['events_error']}", None)])
-    return _styled(sections)
-
-
-def _styled(lines):
-    """A rich Text when rich is installed, else plain text."""
-    try:
-        from rich.text import Text
-    except ImportError:
-        return "\n".join(_join(line, color=False) for line in lines)
-    text = Text()
-    for i, line in enumerate(lines):
-        if i:
-            text.append("\n")
-        for k, (piece, style) in enumerate(line):
-            text.append(piece.rstrip() if k == len(line) - 1 else piece, style=style)
-    return text

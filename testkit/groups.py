@@ -1,11 +1,18 @@
-"""Process groups inside a rank function: tensor or pipeline parallelism nested inside data parallelism.
+"""Process groups inside a rank function, destroyed on exit so a pooled world does not collect one per call.
 
-Call from a rank function, on every rank together::
+Call from a rank function, on every rank together.  A group of chosen ranks::
+
+    with member_group([0, 2]) as (group, members, index):
+        if index is None:
+            return None          # this rank is outside the group
+        ...                      # group: pass it to the code under test; index: its rank in the group
+
+With ``ranks=None`` it yields the default group (``None``) and every rank.
+
+Tensor or pipeline parallelism nested inside data parallelism, as blocks of consecutive ranks::
 
     with contiguous_groups(2) as (group, ranks, index):
         ...  # group: this rank's group of 2 consecutive ranks; index: which group it is
-
-The groups are destroyed on exit, so a pooled world does not collect one per call.
 """
 from __future__ import annotations
 
@@ -13,7 +20,21 @@ from contextlib import ExitStack, contextmanager
 
 import torch.distributed as dist
 
-from .member_groups import member_group
+
+@contextmanager
+def member_group(ranks=None):
+    """Yield (group, its global ranks in group-rank order, this rank's index in it or None)."""
+    if ranks is None:
+        members = list(range(dist.get_world_size()))
+        yield None, members, dist.get_rank()
+        return
+    members = sorted(ranks)
+    group = dist.new_group(members)
+    try:
+        yield group, members, members.index(dist.get_rank()) if dist.get_rank() in members else None
+    finally:
+        if group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
 
 
 def group_layout(world_size: int, size: int) -> list[list[int]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import PropertyFailed, assert_close, check
+from harness import PropertyFailed, assert_close, check
 
 
 def distinct_values_(tensors, seed: int, scale: float = 1.0):

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from harness import Target
+
 from . import catalogue
-from .target import Target
 
 
 def target_from_command_line(number: int, description: str, argv=None) -> Target:

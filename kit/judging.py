@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .catalogue import ROOT, Problem
+from .catalogue import Problem
+from .config import ROOT, KitConfig
 
 
 class UsageError(Exception):
@@ -25,6 +26,10 @@ class UsageError(Exception):
 
 class InternalError(Exception):
     """The kit itself failed (exit code 3)."""
+
+
+class JudgeTimeout(InternalError):
+    """The test run took longer than its time limit and was stopped."""
 
 
 @dataclass
@@ -40,6 +45,7 @@ class TestResult:
     target: str | None = None
     hypothesis: str = ""       # hypothesis's own notes and advice (judge.py --verbose)
     location: list | None = None   # [file, line, function] of a stub's own NotImplementedError
+    drawing: str | None = None     # text the test recorded with record_property("drawing", ...) (--show)
 
     @property
     def passed(self) -> bool:
@@ -53,6 +59,7 @@ class Verdict:
     tests: list = field(default_factory=list)
     seed: int = 0
     profile: str = "default"
+    backend: str = "gloo"
     elapsed: float = 0.0
     tests_dir: str = ""
     stderr: str = ""
@@ -73,12 +80,12 @@ class Verdict:
         return [t for t in self.tests if not t.passed]
 
 
-def pytest_command(problem: Problem, tests_dir: str, report: str, *, target: str | None = None,
+def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
-                   maxfail: int | None = None, trace_dir: str | None = None, verbose: bool = False) -> list:
-    cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "harness.pytest_plugin",
+                   maxfail: int | None = None, trace_dir: str | None = None) -> list:
+    cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "kit.plugin",
            "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"), "--kit-report", report,
-           "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider"]
+           "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider", *config.pytest_args()]
     if targets is not None:
         cmd += ["--kit-targets", json.dumps(targets)]
     elif target is not None:
@@ -91,8 +98,6 @@ def pytest_command(problem: Problem, tests_dir: str, report: str, *, target: str
         cmd += [f"--maxfail={maxfail}"]
     if trace_dir:
         cmd += ["--kit-trace-dir", trace_dir]
-    if verbose:
-        cmd += ["--kit-verbose"]
     return cmd
 
 
@@ -117,8 +122,7 @@ def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> subproces
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, _ = proc.communicate()
-        return subprocess.CompletedProcess(cmd, -9, out + f"\n[judge] the test run exceeded {timeout:g} s and was stopped", "")
+        raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped") from None
     except KeyboardInterrupt:
         _kill_group(proc)
         raise
@@ -149,15 +153,14 @@ def _kill_group(proc):
     proc.wait()
 
 
-def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, profile: str = "default",
+def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: str | None = None,
                seed: int | None = None, select: str | None = None, maxfail: int | None = None,
-               targets: list | None = None, extra_env: dict | None = None, timeout: float = 1800,
-               no_shrink: bool = False, progress=None, trace_dir: str | None = None,
-               verbose: bool = False) -> Verdict:
+               targets: list | None = None, timeout: float = 1800, progress=None,
+               trace_dir: str | None = None) -> Verdict:
     """Run one problem's tests on ``target`` (or ``targets``) in a fresh pytest process and score them.
 
-    ``progress``: a callback for live progress events; ``trace_dir``: where each test's last
-    traced call is written (judge.py --show); ``verbose``: keep hypothesis's own advice.
+    ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
+    events; ``trace_dir``: where each test's last traced call is written (judge.py --show).
     """
     tests_dir = problem.tests_dir(tests_root)
     if not os.path.isdir(tests_dir):
@@ -165,14 +168,11 @@ def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, 
     if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
         raise UsageError(f"no test_*.py files in {tests_dir}")
     seed = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
-    env = dict(os.environ, KIT_PROFILE=profile, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if no_shrink:
-        env["KIT_NO_SHRINK"] = "1"
-    env.update(extra_env or {})
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
         report = os.path.join(tmp, "report.json")
-        cmd = pytest_command(problem, tests_dir, report, target=target, targets=targets, seed=seed,
-                             select=select, maxfail=maxfail, trace_dir=trace_dir, verbose=verbose)
+        cmd = pytest_command(config, tests_dir, report, target=target, targets=targets, seed=seed,
+                             select=select, maxfail=maxfail, trace_dir=trace_dir)
         started = time.perf_counter()
         done = run_pytest(cmd, env, timeout, progress)
         elapsed = time.perf_counter() - started
@@ -193,8 +193,8 @@ def judge_once(problem: Problem, target: str, *, tests_root: str | None = None, 
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
                                 target=t.get("target"), hypothesis=t.get("hypothesis") or "",
-                                location=t.get("location")))
-    return Verdict(problem, target or "", tests, seed, profile, elapsed, tests_dir, done.stdout)
+                                location=t.get("location"), drawing=t.get("drawing")))
+    return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout)
 
 
 def _tail(text: str, lines: int = 25) -> str:

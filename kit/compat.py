@@ -1,18 +1,18 @@
 """Measure the kit on one torch version: a fresh clone, a fresh venv, the whole suite on the reference.
 
-    python -m harness.compat --torch 2.4.1 [--profile quick|default|thorough] [--source DIR] [--keep]
+    python -m kit.compat --torch 2.4.1 [--profile quick|default|thorough] [--source DIR] [--keep]
                              [-- extra pytest args]
 
 Clones the committed HEAD of this kit (or of the git repository --source), makes a virtual
 environment with no system site-packages, installs ``torch==<version>`` first and then the kit
 (``pip install -e .``, the README's install with the chosen torch), and runs
-``python -m pytest --solution -n auto`` with the hypothesis profile in ``KIT_PROFILE``.
+``python -m pytest --solution -n auto --kit-profile <profile>``.
 It ends with one markdown row for the README's table of supported versions:
 
     | torch | python | profile | result | tests' wall time | date | commit |
 
 and exits with pytest's exit code (or the failing install step's). Standalone: nothing in the
-engine imports it.
+kit imports it.
 """
 from __future__ import annotations
 
@@ -52,8 +52,7 @@ def measure(version: str, profile: str, source: str, extra: list[str], work: str
     kit, venv = os.path.join(work, "kit"), os.path.join(work, "venv")
     python = os.path.join(venv, "bin", "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
-               KIT_PROFILE=profile)
+    env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""))
     for cmd, cwd in ((["git", "clone", "--quiet", "--no-hardlinks", source, kit], work),
                      ([sys.executable, "-m", "venv", venv], work),
                      ([python, "-m", "pip", "install", "--quiet", f"torch=={version}"], kit),
@@ -68,8 +67,8 @@ def measure(version: str, profile: str, source: str, extra: list[str], work: str
                               cwd=kit, env=env, capture_output=True, text=True).stdout.split()
     py_version, torch_version = versions if len(versions) == 2 else ("?", "?")
 
-    cmd = [python, "-m", "pytest", "--solution", "-n", "auto", *extra]
-    print("$", f"KIT_PROFILE={profile}", " ".join(cmd), flush=True)
+    cmd = [python, "-m", "pytest", "--solution", "-n", "auto", "--kit-profile", profile, *extra]
+    print("$", " ".join(cmd), flush=True)
     start, output = time.monotonic(), []
     # SIGINT as a terminal gives it, even when this was started with `&` (which ignores SIGINT, and
     # children inherit that): the suite's Ctrl-C tests need it
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m harness.compat", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kit.compat", description=__doc__.split("\n")[0])
     parser.add_argument("--torch", required=True, metavar="VERSION", help="e.g. 2.4.1 (installed as torch==VERSION)")
     parser.add_argument("--profile", default="default", choices=["quick", "default", "thorough"])
     parser.add_argument("--source", default=KIT, help="git repository whose HEAD is measured (default: this kit)")

@@ -55,7 +55,7 @@ def _factorisations(n: int, max_dims: int) -> list:
 
 
 def mlp_widths(min_layers: int = 1, max_layers: int = 4, max_width: int = 6):
-    """Layer widths [in, h1, ..., out] for ``harness.models.random_mlp``."""
+    """Layer widths [in, h1, ..., out] for ``testkit.models.random_mlp``."""
     return st.lists(st.integers(1, max_width), min_size=min_layers + 1, max_size=max_layers + 1)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .config import ROOT
+
 CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
-_OPTIONAL = {"title_zh", "world_sizes", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints",
-             "trace_test"}
+_OPTIONAL = {"title_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show"}
 _DIFFICULTIES = ("easy", "medium", "hard")
 _OP_KINDS = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
              "reduce", "gather", "scatter", "send", "recv"}
@@ -29,13 +29,13 @@ class Problem:
     file: str
     names: tuple
     title_zh: str = ""
-    world_sizes: tuple = (1, 2, 3, 4)
     forbidden_ops: tuple = ()
     allowed_ops: tuple | None = None
     time_limit: float = 5.0
     points: dict = field(default_factory=dict)
     hints: tuple = ()
     trace_test: str = ""   # the test whose last case --trace/--show records
+    show: str = ""         # the test whose recorded drawing --show prints (record_property("drawing", text))
 
     @property
     def folder(self) -> str:
@@ -107,11 +107,11 @@ def load(path: str = CATALOGUE) -> dict:
             number=entry["number"], slug=str(entry["slug"]), title=str(entry["title"]),
             difficulty=entry["difficulty"], topic=str(entry["topic"]), file=str(entry["file"]),
             names=tuple(entry["names"]), title_zh=str(entry.get("title_zh", "")),
-            world_sizes=tuple(entry.get("world_sizes", (1, 2, 3, 4))),
             forbidden_ops=tuple(entry.get("forbidden_ops") or ()),
             allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
-            hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")))
+            hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")),
+            show=str(entry.get("show", "")))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):
             if os.path.dirname(path) == ROOT and not os.path.isfile(file):
                 raise CatalogueError(f"{where}: its {kind} {os.path.relpath(file, ROOT)} does not exist")

@@ -12,9 +12,8 @@ import re
 import shlex
 import sys
 
+from .failures import NOT_IMPLEMENTED
 from .judging import Verdict
-
-NOT_IMPLEMENTED = "not implemented"
 
 
 def console(stream=None):
@@ -103,8 +102,8 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
     p = verdict.problem
     if not brief:
         con.print(Text(f"{p.number} · {p.display_title}", style="bold"))
-        con.print(Text(f"target: {_relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}",
-                       style="dim"))
+        con.print(Text(f"target: {_relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}"
+                       f"   backend: {verdict.backend}", style="dim"))
         table = Table(show_edge=False, box=None, pad_edge=False)
         table.add_column("test", overflow="fold")
         table.add_column("points", justify="right")
@@ -140,7 +139,8 @@ def as_json(verdict: Verdict) -> dict:
     return {
         "problem": verdict.problem.number, "title": verdict.problem.title, "target": verdict.target,
         "score": verdict.score, "max_score": verdict.max_score, "passed": verdict.all_passed,
-        "seed": verdict.seed, "profile": verdict.profile, "execution_time": round(verdict.elapsed, 3),
+        "seed": verdict.seed, "profile": verdict.profile, "backend": verdict.backend,
+        "execution_time": round(verdict.elapsed, 3),
         "tests": [{"name": t.name, "outcome": t.outcome, "score": t.points, "max_score": t.max_points,
                    "kind": t.kind, "message": t.message, "example": t.example,
                    "duration": round(t.duration, 3)} for t in verdict.tests],

@@ -1,0 +1,299 @@
+"""The rank's record of one call: every op as it is issued and waited on, and the marked phases.
+
+``Recorder`` polices each op against the call's ``Policy``, records it (kind, tensors, group, the
+user-code site that issued it, when it was issued and waited on), and streams every event to the
+test process at once through a pipe, which builds the trace from that stream.  Its group half
+(``_groups.GroupCounters``) checks the groups' own op counters against the record.  ``phase``
+marks a region of a rank function.  The kernels in ``_kernels`` feed the one active recorder
+(``active()``), installed once per rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
+
+from ._groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
+from ._ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, ComputeCounter, functional_out_bytes, nbytes_of,
+                   perturbed_copies, tensors_in, with_argument)
+from .policy import Policy, ops_digest
+from .trace import P2P_KINDS
+
+_FLIGHT_LOCK = threading.Lock()
+_C10D = torch._C._distributed_c10d
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_DIRS = (_TORCH_DIR, _HARNESS_DIR, os.path.dirname(threading.__file__))
+
+
+def short_path(path: str) -> str:
+    """Relative to the working directory when inside it: messages stay readable."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def user_frame(frame):
+    """The innermost frame outside torch, the harness and the stdlib threading module."""
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = frame.f_back
+    return frame
+
+
+class Recorder(GroupCounters):
+    """Holds one call's ops and phases, streams them to the test process, and keeps the group counters."""
+
+    def __init__(self, rank: int, flight_fd: int | None):
+        self.rank = rank
+        self.flight_fd = flight_fd
+        self.policy = Policy()
+        # id(ProcessGroup) -> {"pg", "start", "end", "ranks"}: every group this rank knows of, held so
+        # that its counter stays readable even after the code drops or destroys it
+        self.groups: dict[int, dict] = {}
+        self.compute_mode: ComputeCounter | None = None
+        self.reset()
+
+    def reset(self, policy: Policy | None = None):
+        self.finish()
+        self.ops: list[dict] = []
+        self.phases: list[dict] = []
+        self.phase_stack: list[dict] = []
+        # id(Work or output tensor) -> (that object, op dict): what a wait is matched on; holding the
+        # object keeps its id unique
+        self.works: dict[int, tuple] = {}
+        self.t0 = time.perf_counter()
+        self.policy = policy or Policy()
+        self.sends = 0            # point-to-point sends issued so far in this call (for ``perturb``)
+        self.tampered = None      # the first group found out of balance with the trace when destroyed
+        self.groups = self._groups_at_start()
+        if self.policy.record_compute:
+            self.compute_mode = ComputeCounter()
+            self.compute_mode.__enter__()
+        self.flight(ev="call")
+
+    def finish(self):
+        """The call is over: stop counting compute ops.  Safe to call twice."""
+        mode, self.compute_mode = self.compute_mode, None
+        if mode is None:
+            return
+        stack = _get_current_dispatch_mode_stack()
+        if mode in stack:
+            for _ in range(len(stack) - 1 - stack.index(mode)):
+                _pop_mode()   # modes the code entered and never left: they sit above ours
+            mode.__exit__(None, None, None)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def flight(self, **event):
+        """Stream one event to the test process at once (a pipe): what is sent cannot be taken back, and
+        the test process builds its trace from this stream, not from the rank's own lists."""
+        if self.flight_fd is not None:
+            data = (json.dumps(event) + "\n").encode()
+            with _FLIGHT_LOCK:   # autograd threads issue ops too: lines must not interleave
+                while data:
+                    data = data[os.write(self.flight_fd, data):]
+
+    def site(self):
+        frame = user_frame(sys._getframe(2))
+        if frame is None:
+            return None, "<torch internals>"
+        return frame, f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+    # ---- issuing ----------------------------------------------------------------------------------
+
+    def issue(self, func, args, kwargs):
+        """A c10d op is about to run: police it, record it.  Returns ([its record], args, kwargs), no record
+        for an op that is not communication; the args change only when this op is the send that ``perturb``
+        names."""
+        op_name = func._schema.name.split("::")[-1]
+        kind = KINDS.get(op_name)
+        if kind is None:
+            return [], args, kwargs
+        frame, site = self.site()
+        self.policy.check(kind, site)
+        flat = list(args) + list(kwargs.values())
+        pg = process_group(next((a for a in flat if isinstance(a, torch.ScriptObject)), None))
+        group = ranks_of(pg)
+        ins = tensors_in(flat[IN_ARG.get(op_name, 0)])
+        outs = tensors_in(flat[OUT_ARG[op_name]]) if op_name in OUT_ARG else []
+        peer = None
+        if kind in ("send", "recv") and op_name != "recv_any_source_":
+            peer = global_rank(group, next(a for a in flat[2:] if isinstance(a, int)))
+        splits = (tuple(flat[3]), tuple(flat[4])) if op_name == "alltoall_base_" else None
+        perturbed = kind == "send" and self._perturbs_next_send()
+        if perturbed:   # c10d::send(Tensor[] tensors, ...): gloo's send work keeps the copy alive
+            args = (perturbed_copies(args[0]),) + tuple(args[1:])
+        record = self._record(kind, str(func), frame, site, pg, group, ins, nbytes_of(outs), peer, splits, perturbed)
+        return [record], args, kwargs
+
+    def issue_functional(self, func, args, kwargs):
+        """A functional collective is about to run: police it, record it (one record per send/recv of a
+        ``batch_p2p_ops``).  Returns (records, args, kwargs), as ``issue`` does."""
+        namespace, op_name = func._schema.name.split("::")
+        kind = FUNCTIONAL_KINDS[namespace][op_name]
+        names = [a.name for a in func._schema.arguments]
+        bound = {**dict(zip(names, args)), **kwargs}
+        frame, site = self.site()
+        pg = resolve_group(bound.get("group_name"))
+        group = ranks_of(pg)
+        if op_name == "batch_p2p_ops":
+            kinds = ["send" if what == "isend" else "recv" for what in bound["op_list"]]
+            for k in kinds:
+                self.policy.check(k, site)
+            tensors, records = list(bound["tensors"]), []
+            for i, (k, local) in enumerate(zip(kinds, bound["peer_list"])):
+                perturbed = k == "send" and self._perturbs_next_send()
+                ins = [tensors[i]]
+                if perturbed:
+                    tensors[i] = perturbed_copies(ins)[0]
+                records.append(self._record(k, str(func), frame, site, pg, group, ins,
+                                            0 if k == "send" else nbytes_of(ins), global_rank(group, local),
+                                            None, perturbed))
+            args, kwargs = with_argument(names, args, kwargs, "tensors", tensors)
+            return records, args, kwargs
+        self.policy.check(kind, site)
+        ins = tensors_in(next((bound[n] for n in ("input", "inputs", "tensor") if n in bound), None))
+        peer = global_rank(group, bound["dst"] if kind == "send" else bound["src"]) if kind in P2P_KINDS else None
+        splits = None
+        if kind == "all_to_all" and "output_split_sizes" in bound:
+            splits = (tuple(int(s) for s in bound["output_split_sizes"] or ()),
+                      tuple(int(s) for s in bound["input_split_sizes"] or ()))
+        perturbed = kind == "send" and self._perturbs_next_send()
+        if perturbed:
+            args, kwargs = with_argument(names, args, kwargs, "tensor", perturbed_copies(ins)[0])
+        record = self._record(kind, str(func), frame, site, pg, group, ins,
+                              functional_out_bytes(kind, bound, ins, len(group)), peer, splits, perturbed)
+        return [record], args, kwargs
+
+    def _record(self, kind, name, frame, site, pg, group, ins, out_bytes, peer, splits, perturbed) -> dict:
+        phase = self.phase_stack[-1] if self.phase_stack else None
+        op = {
+            "rank": self.rank, "index": len(self.ops), "kind": kind, "name": name,
+            "shapes": [tuple(t.shape) for t in ins], "dtypes": [str(t.dtype) for t in ins],
+            "in_bytes": 0 if kind == "recv" else nbytes_of(ins), "out_bytes": out_bytes,
+            "peer": peer, "group": tuple(group), "splits": splits,
+            "phase": phase["name"] if phase else None, "step": phase["step"] if phase else None,
+            "site": site, "issued_at": self.now(),
+            "wait_start": None, "wait_end": None, "blocking": None,
+            "compute_between": None, "perturbed": perturbed,
+            # rank-local bookkeeping (never leaves the rank): where it was issued, the group it ran on,
+            # and the compute count at issue
+            "_frame": (id(frame), frame.f_lasti) if frame is not None else None,
+            "_pg": self.track(pg),
+            "_compute_at_issue": self.compute_mode.count if self.compute_mode is not None else None,
+        }
+        self.ops.append(op)
+        self.flight(ev="issue", i=op["index"], op=self.exported(op))
+        return op
+
+    def _perturbs_next_send(self) -> bool:
+        nth, self.sends = self.sends, self.sends + 1
+        return self.policy.perturb is not None and self.policy.perturb == (self.rank, nth)
+
+    def failed(self, records):
+        """The op raised before running (gloo checks its arguments before counting): it moved no counter."""
+        for op in records:
+            op["_failed"] = True
+
+    # ---- waiting ----------------------------------------------------------------------------------
+
+    def bind_work(self, records: list, out):
+        """A c10d op returns its Work: the code waits on it."""
+        (op,) = records
+        work = out[1] if isinstance(out, tuple) else out
+        if isinstance(work, torch.ScriptObject):
+            try:
+                w = _C10D.Work.unbox(work)
+            except Exception:
+                return
+            self.works[id(w)] = (w, op)
+
+    def bind_tensors(self, records: list, out):
+        """A functional collective returns tensors: the code waits on them with ``wait_tensor``."""
+        tensors = tensors_in(out)
+        if len(records) > 1:   # batch_p2p_ops: one output per send / recv
+            pairs = zip(tensors, records)
+        else:
+            pairs = ((t, records[0]) for t in tensors)
+        for t, op in pairs:
+            self.works[id(t)] = (t, op)
+
+    def alias(self, work, future):
+        """``work.get_future()``: waiting on the future is waiting on the work's op."""
+        entry = self.works.get(id(work))
+        if entry is not None and entry[0] is work:
+            self.works[id(future)] = (future, entry[1])
+
+    def waiting(self, obj):
+        entry = self.works.get(id(obj))
+        if entry is None and type(obj) is not torch.Tensor and isinstance(obj, torch.Tensor):
+            obj = getattr(obj, "elem", None)   # an AsyncCollectiveTensor: a functional collective's output
+            entry = self.works.get(id(obj))
+        if entry is None or entry[0] is not obj or entry[1]["wait_start"] is not None:
+            return None
+        op = entry[1]
+        frame = user_frame(sys._getframe(2))
+        op["blocking"] = op["_frame"] is not None and frame is not None and \
+            (id(frame), frame.f_lasti) == op["_frame"]
+        op["wait_start"] = self.now()
+        if self.compute_mode is not None and op["_compute_at_issue"] is not None:
+            op["compute_between"] = self.compute_mode.count - op["_compute_at_issue"]
+        self.flight(ev="wait", i=op["index"], op=self.exported(op))
+        return op
+
+    def waited(self, op):
+        op["wait_end"] = self.now()
+        self.flight(ev="done", i=op["index"], op=self.exported(op))
+
+    @staticmethod
+    def exported(op: dict) -> dict:
+        """The op as the test process sees it: without the rank-local bookkeeping fields."""
+        return {k: v for k, v in op.items() if not k.startswith("_")}
+
+    def digest(self) -> str:
+        """``ops_digest`` of the records as this rank holds them (the op-count check reads these)."""
+        return ops_digest([self.exported(op) for op in self.ops])
+
+
+
+_RECORDER: Recorder | None = None   # this rank's one recorder, from ``activate`` on (never in the test process)
+
+
+def active() -> Recorder | None:
+    """The recorder the kernels feed, or None outside a rank."""
+    return _RECORDER
+
+
+def activate(rank: int, flight_fd: int | None) -> Recorder:
+    """Make this rank's recorder (once per rank; ``_kernels.install`` calls it)."""
+    global _RECORDER
+    _RECORDER = Recorder(rank, flight_fd)
+    return _RECORDER
+
+
+@contextmanager
+def phase(name: str, step: int | None = None):
+    """Mark a region of a rank function, e.g. ``with phase("backward", step=k): loss.backward()``.
+
+    Every op issued inside carries the innermost phase's name and step.
+    """
+    if _RECORDER is None:
+        yield
+        return
+    span = {"rank": _RECORDER.rank, "name": name, "step": step, "start": _RECORDER.now(), "end": None}
+    _RECORDER.phases.append(span)
+    _RECORDER.phase_stack.append(span)
+    index = len(_RECORDER.phases) - 1
+    _RECORDER.flight(ev="phase", k=index, span=dict(span))
+    try:
+        yield
+    finally:
+        _RECORDER.phase_stack.remove(span)
+        span["end"] = _RECORDER.now()
+        _RECORDER.flight(ev="phase", k=index, span=dict(span))

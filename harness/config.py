@@ -1,0 +1,75 @@
+"""What ``harness.run`` uses when a call does not say: one ``RunDefaults``, set for a block with ``defaults``.
+
+    with harness.defaults(forbid={"all_gather"}, timeout=10, on_trace=keep):
+        harness.run(fn, 4, ...)        # forbids all_gather, times out after 10 s, hands its Trace to keep
+
+The defaults live in a ``contextvars.ContextVar``: a block sets them for the code it runs (and
+nested blocks inherit every field they do not give), and nothing else can change them.  The
+engine reads no environment variable: whoever runs it (the judge app's configuration) passes its
+overrides in here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Callable
+
+DEFAULT_TIMEOUT = 5.0   # seconds a call may take when neither it nor its block says
+_GB = 2**30
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """What a call uses for each argument it leaves out (None: the engine's own default).
+
+    forbid, allow   op kinds the call may not / may only issue (see ``harness.trace``)
+    timeout         seconds before the call is a hang (default ``DEFAULT_TIMEOUT``)
+    stop_on_hang    raise hangs as ``HangStopped`` (a BaseException), so hypothesis reports the first
+                    hang at once instead of shrinking it one timeout at a time
+    backend         "gloo", "nccl" or "auto" (default "auto": NCCL when there is a GPU per rank)
+    memory_gb       each rank's resident-memory limit (default ``default_memory_limit_gb``)
+    on_trace        called with each successful call's ``Trace`` (to save or show it)
+    """
+
+    forbid: tuple = ()
+    allow: tuple | None = None
+    timeout: float | None = None
+    stop_on_hang: bool = False
+    backend: str | None = None
+    memory_gb: float | None = None
+    on_trace: Callable | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "forbid", tuple(self.forbid or ()))
+        if self.allow is not None:
+            object.__setattr__(self, "allow", tuple(self.allow))
+
+
+_CURRENT: ContextVar[RunDefaults] = ContextVar("harness_run_defaults", default=RunDefaults())
+
+
+def current() -> RunDefaults:
+    """The defaults in force here."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def defaults(**fields):
+    """Set the defaults of ``harness.run`` for the block (``RunDefaults``'s fields; those not given
+    keep the enclosing block's values).  Yields the ``RunDefaults`` in force inside."""
+    token = _CURRENT.set(dataclasses.replace(_CURRENT.get(), **fields))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+def default_memory_limit_gb(world_size: int) -> float:
+    """Each rank's resident-memory limit when none is given: the smaller of 8 GB and three quarters
+    of this machine's memory shared by the world's ranks (a runaway submission usually runs away on
+    every rank at once)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _GB
+    return min(8.0, 0.75 * physical / world_size)

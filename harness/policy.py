@@ -1,0 +1,64 @@
+"""What a call may issue, and the fingerprint of its op records: shared by the test process and the ranks.
+
+The test process builds a ``Policy`` for each call and ships it to the ranks; the rank's recorder
+refuses an op it forbids as the op is issued, and the test process checks every streamed record
+against the same policy afterwards.  ``ops_digest`` fingerprints op records the same way on both
+sides.  Nothing here imports torch, so the test process can use it before torch is loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .errors import ForbiddenOp
+from .trace import COLLECTIVE_KINDS, P2P_KINDS
+
+_KNOWN_KINDS = frozenset(COLLECTIVE_KINDS + P2P_KINDS)
+
+
+class Policy:
+    """What a call may issue, and what the harness measures or changes while it runs.
+
+    ``forbid`` / ``allow`` name op kinds (``allow`` wins when given).  ``record_compute`` counts
+    compute ops between each op's issue and its wait (``CommOp.compute_between``); it slows every
+    aten op, so it is off unless asked for.  ``perturb=(rank, n)``: on rank ``rank``, the n-th
+    point-to-point send (from 0, in issue order, whatever the group) carries a perturbed copy of its
+    tensor (+1 on every element; ``not`` for bool); the sender's own tensor is untouched.
+    """
+
+    def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None):
+        self.forbid = frozenset(forbid)
+        self.allow = None if allow is None else frozenset(allow)
+        unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
+        if unknown:   # a typo ("allreduce") would otherwise forbid nothing, silently
+            raise ValueError(f"unknown op kind(s) {', '.join(map(repr, unknown))}; "
+                             f"the kinds are: {', '.join(sorted(_KNOWN_KINDS))}")
+        self.record_compute = bool(record_compute)
+        if perturb is not None:
+            if (not isinstance(perturb, (tuple, list)) or len(perturb) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in perturb)):
+                raise ValueError(f"perturb must be (rank, nth_send), two integers >= 0; got {perturb!r}")
+            perturb = (perturb[0], perturb[1])
+        self.perturb = perturb
+        self.refused = None   # the first refusal's message: the call fails even if the code catches it
+
+    def check(self, kind: str, site: str):
+        refused = kind in self.forbid or (self.allow is not None and kind not in self.allow)
+        if refused:
+            allowed = sorted(self.allow) if self.allow is not None else None
+            hint = f" Allowed here: {', '.join(allowed)}." if allowed else ""
+            self.refuse(f"{kind} is not allowed in this problem (called at {site}).{hint}")
+
+    def refuse(self, message: str):
+        if self.refused is None:
+            self.refused = message
+        raise ForbiddenOp(message)
+
+
+def ops_digest(ops: list) -> str:
+    """A fingerprint of op records: a rank's own (``Recorder.digest``), or each op's last streamed form.
+
+    The two agree unless code in the rank edited its recorder's records after streaming them; the
+    rank's op-count check reads those records, so the test process can compare the two fingerprints.
+    """
+    return hashlib.sha256(json.dumps(ops, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,120 @@
+"""``harness.run``: call a function on N real torch.distributed ranks, from a pool of live worlds.
+
+Ranks are forked from a forkserver that has torch preloaded, form one process group, and stay
+alive between calls: a call costs a few milliseconds, not the seconds of a fresh ``mp.spawn``.
+The pool keeps one ``World`` per (world size, backend); any failure retires that world, and the
+next call builds a fresh one.  What a call leaves out comes from ``config.defaults``.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+from dataclasses import dataclass
+
+import cloudpickle
+
+from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
+from .errors import HangError, HangStopped
+from .policy import Policy
+from .trace import Trace
+from .world import World
+
+_WORLDS: dict[tuple, World] = {}
+
+
+@dataclass
+class RunResult:
+    values: list          # each rank's return value, by rank
+    trace: Trace
+
+    def __iter__(self):   # allows ``values, trace = harness.run(...)``
+        return iter((self.values, self.trace))
+
+
+def pick_backend(world_size: int, backend: str = "auto") -> str:
+    if backend != "auto":
+        return backend
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+            return "nccl"
+    except Exception:
+        pass
+    return "gloo"
+
+
+def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
+        backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
+        perturb: tuple | None = None, **kwargs) -> RunResult:
+    """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
+
+    Returns each rank's value and the harness's trace of every communication op.
+    ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
+    raises ``ForbiddenOp``.  ``record_compute`` fills each op's ``compute_between``; ``perturb=(rank, n)``
+    makes that rank's n-th point-to-point send carry a perturbed copy (see ``Policy``).
+    Arguments left out (None) come from ``harness.defaults``.
+    Raises ``RankError`` (``NotImplementedYet`` for a
+    stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
+    or ``HangError``.
+    """
+    if not 1 <= world_size <= 64:
+        raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
+    given = current()
+    backend = pick_backend(world_size, backend or given.backend or "auto")
+    key = (world_size, backend)
+    world = _WORLDS.get(key)
+    if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
+        if world is not None:
+            world.kill()
+        world = _WORLDS[key] = World(world_size, backend)
+    _register_by_value(fn)
+    policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
+                    record_compute=record_compute, perturb=perturb)
+    timeout = timeout or given.timeout or DEFAULT_TIMEOUT
+    memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
+    try:
+        values, trace = world.call(fn, args, kwargs, policy, timeout, memory_gb)
+    except BaseException as error:
+        if not getattr(error, "world_reusable", False):
+            _WORLDS.pop(key, None)
+            world.kill()
+        if isinstance(error, HangError):
+            error.args = (f"{error.args[0]}\n  the call: {_describe_call(fn, args, kwargs)}",)
+            if given.stop_on_hang:
+                raise HangStopped(error) from None
+        raise
+    if given.on_trace is not None:
+        given.on_trace(trace)
+    return RunResult(values, trace)
+
+
+def _describe_call(fn, args, kwargs, limit: int = 400) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    text = f"{getattr(fn, '__name__', fn)}({', '.join(parts)})"
+    return text if len(text) <= limit else text[:limit] + "...)"
+
+
+def _register_by_value(fn):
+    """Rank functions often live in test files that the ranks cannot import by name."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__ in ("__main__",) or module.__name__.startswith(("harness.", "torch")):
+        return
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except (ValueError, TypeError):
+        pass
+
+
+def shutdown():
+    """Stop every pooled world.  Runs at exit; safe to call any time."""
+    for world in list(_WORLDS.values()):
+        world.close()
+    _WORLDS.clear()
+
+
+def live_rank_pids() -> list[int]:
+    """The pids of every live rank of every pooled world."""
+    return [p.pid for w in _WORLDS.values() for p in w.procs if p.is_alive()]
+
+
+atexit.register(shutdown)

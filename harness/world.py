@@ -1,0 +1,279 @@
+"""One world: N live rank processes in one process group, fed calls over pipes.
+
+``World`` forks its ranks from the forkserver (``_boot``), sends each call (the function, each
+rank's own arguments, the policy), reads each rank's op records as they stream (``records``) and
+its reply (``wire.Reply``), and turns what went wrong into a plain report: a rank that raised, one
+that died (or passed its memory limit, which it watches while the call runs), or a hang with each
+rank's blocking line and a diagnosis (``_diagnose``).  A failure kills the world; ``pool`` keeps the
+live ones.
+"""
+from __future__ import annotations
+
+import multiprocessing.connection as mpc
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+from ._boot import CONTEXT, RankProcess
+from ._diagnose import blocking_line, crash_message, diagnose_hang, hang_message, is_gloo_fallout, rank_error
+from .errors import HangError, RankCrashed, TraceTampered
+from .inputs import own_inputs
+from .policy import Policy
+from .records import RecordStream, build_trace, check_record, ops_balanced
+from .trace import Trace
+from .wire import Reply, WireError, dump_function, dumps
+
+_START_TIMEOUT = 60.0
+_WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
+_GB = 2**30
+_FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident set size, from /proc (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class World:
+    """N live rank processes in one process group, fed tasks over pipes."""
+
+    def __init__(self, world_size: int, backend: str):
+        self.world_size, self.backend = world_size, backend
+        self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
+        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "tmp")}
+                      for r in range(world_size)]
+        self.conns, self.procs = [], []
+        self.records = [RecordStream() for _ in range(world_size)]   # each rank's ops, streamed as issued
+        self.sent_fns = set()
+        self.over_memory: dict[int, tuple] = {}   # rank -> (bytes used, limit) when the watchdog ended it
+        store = os.path.join(self.dir, "store")
+        for r in range(world_size):
+            parent, child = CONTEXT.Pipe()
+            p = RankProcess((r, world_size, backend, store, child, self.records[r].writer, self.files[r]),
+                            name=f"harness-rank{r}")
+            p.start()
+            child.close()
+            self.records[r].started()
+            self.conns.append(parent)
+            self.procs.append(p)
+        deadline = time.monotonic() + _START_TIMEOUT
+        for r, c in enumerate(self.conns):
+            try:
+                ready = c.poll(max(0.0, deadline - time.monotonic())) and c.recv_bytes() == b"ready"
+            except (EOFError, OSError):   # it died before saying ready: say how, with its stderr
+                ready = False
+            if not ready:
+                self.procs[r].join(1.0)
+                code, stderr = self.procs[r].exitcode, self._stderr(r)
+                self.kill()
+                how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
+                message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
+                raise RankCrashed(message, r, code, stderr)
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send_bytes(b"stop")
+            except Exception:
+                pass
+        deadline = time.monotonic() + 1.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for c in self.conns:
+            c.close()
+        for stream in self.records:
+            stream.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.procs, self.conns = [], []
+
+    def kill(self):
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(2.0)
+        self.close()
+
+    def _stderr(self, rank: int, limit: int = 4000) -> str:
+        try:
+            with open(self.files[rank]["stderr"], errors="replace") as f:
+                return f.read()[-limit:]
+        except OSError:
+            return ""
+
+    def _stacks(self) -> list:
+        """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
+        sizes = []
+        for r, p in enumerate(self.procs):
+            sizes.append(_size(self.files[r]["stack"]))
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGUSR1)
+        # Wait until each live rank's dump has appeared and stopped growing: on a loaded machine a
+        # fixed short sleep can read a rank's dump before it is written, losing its blocking line.
+        alive = [r for r, p in enumerate(self.procs) if p.is_alive()]
+        last, deadline = {}, time.monotonic() + 1.0   # stays inside the timeout + 2 s promise
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = {r: _size(self.files[r]["stack"]) for r in alive}
+            if all(now[r] > sizes[r] and now[r] == last.get(r) for r in alive):
+                break
+            last = now
+        stacks = []
+        for r in range(self.world_size):
+            try:
+                with open(self.files[r]["stack"], errors="replace") as f:
+                    f.seek(sizes[r])
+                    stacks.append(f.read())
+            except OSError:
+                stacks.append("")
+        return stacks
+
+    def watch_memory(self, limit_gb: float):
+        """End any rank whose resident memory is over the limit; the call then reports it as a crash."""
+        for r, p in enumerate(self.procs):
+            used = resident_bytes(p.pid)
+            if used > limit_gb * _GB and p.is_alive():
+                self.over_memory[r] = (used, limit_gb)
+                p.kill()
+
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple[list, Trace]:
+        """Run ``fn`` on every rank: (each rank's value, the trace).  Raises what went wrong, in plain words."""
+        # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
+        fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
+        token = os.urandom(16)  # a reply without it was not written by the rank loop
+        try:
+            fn_bytes = None if fn_key in self.sent_fns else dump_function(fn)
+            payloads = [dumps((token, fn_key, fn_bytes, *own_inputs(args, kwargs, r, self.world_size), policy))
+                        for r in range(self.world_size)]
+        except Exception as e:
+            error = TypeError(f"harness.run cannot send {getattr(fn, '__qualname__', fn)} and its arguments "
+                              f"to the ranks: {type(e).__name__}: {e}")
+            error.world_reusable = True   # nothing was sent: the world is as it was
+            raise error from e
+        self.sent_fns.add(fn_key)
+        for stream in self.records:
+            stream.drain()
+            stream.clear()
+        for c, payload in zip(self.conns, payloads):
+            c.send_bytes(payload)
+        replies: dict[int, Reply] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        pending = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        streams = {stream.reader: stream for stream in self.records}
+        while pending:
+            wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
+            left = wait_until - time.monotonic()
+            ready = mpc.wait(list(pending) + list(sentinels) + list(streams), max(0.0, min(left, _WATCH_INTERVAL)))
+            for obj in [o for o in ready if o in streams]:
+                streams[obj].drain()   # a full pipe would block the rank: read as it comes
+            if not ready:
+                if left <= _WATCH_INTERVAL:
+                    break
+                self.watch_memory(memory_gb)
+                continue
+            for obj in ready:
+                if obj in streams:
+                    continue
+                if obj in sentinels:
+                    r = sentinels.pop(obj)
+                    obj = self.conns[r]
+                    if obj not in pending:
+                        continue
+                    if not obj.poll():
+                        raise self._crash(r)
+                if obj in pending:
+                    r = pending[obj]
+                    try:
+                        replies[r] = self._reply(r, obj.recv_bytes(), token)
+                    except (EOFError, OSError):
+                        # The pipe closed without a reply: the rank died.  (Skipping it here
+                        # would leave an always-ready pipe in the wait set: a busy loop forever.)
+                        raise self._crash(r) from None
+                    del pending[obj]
+                    if replies[r].status != "ok" and first_error_at is None:
+                        first_error_at = time.monotonic()
+        for stream in self.records:
+            stream.drain()
+        if pending and first_error_at is None:
+            raise self._hang(timeout, sorted(pending.values()))
+        ops, streamed = zip(*[stream.ops(r) for r, stream in enumerate(self.records)])
+        errors = {r: rep for r, rep in replies.items() if rep.status != "ok"}
+        retire = any(rep.retire for rep in replies.values())   # a rank asks for a fresh world
+        if errors:
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            if dead and all(is_gloo_fallout(rep) for rep in errors.values()):
+                raise self._crash(dead[0])  # the others' errors are only its echo
+            error = rank_error(errors, self.world_size)
+            # Every rank returned and their ops pair up: nothing is left in flight, so the
+            # world is reusable (a stub fails every example; rebuilding each time is slow).
+            error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
+                                    and ops_balanced(ops))
+            if not error.world_reusable:
+                self.kill()
+            raise error
+        try:
+            check_record(ops, streamed, replies, policy)
+            trace = build_trace(ops, self.records)
+        except BaseException:
+            self.kill()
+            raise
+        if retire:
+            self.close()   # ``run`` builds a fresh world for the next call
+        return [replies[r].value for r in range(self.world_size)], trace
+
+    def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
+        try:
+            reply = Reply.decode(data)
+        except WireError as e:
+            self.kill()
+            raise TraceTampered(f"rank {rank} sent a reply that the harness's rank loop did not write: {e}") from None
+        if reply.token != token:
+            self.kill()
+            raise TraceTampered(f"rank {rank} sent a reply that the harness's rank loop did not write")
+        if self.conns[rank].poll(0):
+            self.kill()
+            raise TraceTampered(f"rank {rank} sent more than one reply")
+        return reply
+
+    def _crash(self, rank: int) -> RankCrashed:
+        self.procs[rank].join(1.0)  # its pipe can close a moment before it is reaped
+        time.sleep(0.1)  # let the other ranks' stderr settle
+        code = self.procs[rank].exitcode
+        stderr = self._stderr(rank)
+        self.kill()
+        if rank in self.over_memory:
+            used, limit = self.over_memory[rank]
+            return RankCrashed(f"rank {rank} used {used / _GB:.2f} GB (limit {limit:g} GB): the harness ended it. "
+                               "Something allocates without bound (a growing list of tensors, a loop that "
+                               "never ends, a shape off by a large factor?)", rank, code, stderr)
+        return RankCrashed(crash_message(rank, code, stderr), rank, code, stderr)
+
+    def _hang(self, timeout: float, stuck: list) -> HangError:
+        stacks = self._stacks()
+        for stream in self.records:
+            stream.drain()
+        flights = [stream.events() for stream in self.records]
+        self.kill()
+        where = {r: blocking_line(stacks[r]) for r in range(self.world_size)}
+        diagnosis = diagnose_hang(flights, stuck, where)
+        return HangError(hang_message(timeout, stuck, where, flights, diagnosis),
+                         where, diagnosis, timeout)

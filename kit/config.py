@@ -1,0 +1,61 @@
+"""One run's configuration, and the one place that reads the user's environment overrides.
+
+judge.py builds a ``KitConfig`` from its command line and hands it to the pytest run as
+``--kit-*`` options; plain ``pytest`` builds the same object from those options' defaults.
+Nothing else in the kit reads ``KIT_*`` variables.
+
+User-facing overrides (documented in the README):
+
+    KIT_PROFILE=quick|default|thorough    examples per property, when no --kit-profile is given
+    KIT_TARGET=FILE|solution              the code under test, when neither --target nor --solution is given
+    KIT_BACKEND=gloo|nccl|auto            the process-group backend of the problems' ranks
+    KIT_STATE_DIR=DIR                     where progress, hints and --reset backups live (default .kit/)
+    KIT_RANK_MEMORY_GB=N                  each rank's resident-memory limit
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROFILES = {"quick": 10, "default": 50, "thorough": 500}   # hypothesis examples per property
+BACKENDS = ("gloo", "nccl", "auto")
+
+
+def _environment(name: str, default=None):
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+@dataclass(frozen=True)
+class KitConfig:
+    profile: str = field(default_factory=lambda: _environment("KIT_PROFILE", "default"))
+    shrink: bool = True                  # selfcheck needs only "it fails", not the smallest case
+    verbose: bool = False                # keep hypothesis's own advice under each failure
+    backend: str = field(default_factory=lambda: _environment("KIT_BACKEND", "gloo"))
+    target: str | None = field(default_factory=lambda: _environment("KIT_TARGET"))
+    state_dir: str = field(default_factory=lambda: _environment("KIT_STATE_DIR", os.path.join(ROOT, ".kit")))
+    rank_memory_gb: float | None = field(
+        default_factory=lambda: float(_environment("KIT_RANK_MEMORY_GB")) if _environment("KIT_RANK_MEMORY_GB")
+        else None)
+
+    def __post_init__(self):
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+
+    @property
+    def examples(self) -> int:
+        return PROFILES[self.profile]
+
+    def pytest_args(self) -> list[str]:
+        """The options that carry this configuration into a pytest run (kit/plugin.py reads them)."""
+        args = ["--kit-profile", self.profile, "--kit-backend", self.backend]
+        if not self.shrink:
+            args.append("--kit-no-shrink")
+        if self.verbose:
+            args.append("--kit-verbose")
+        if self.rank_memory_gb is not None:
+            args += ["--kit-rank-memory-gb", str(self.rank_memory_gb)]
+        return args

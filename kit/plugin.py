@@ -1,0 +1,242 @@
+"""pytest integration: the ``target`` and ``problem`` fixtures, each problem's policy, profiles, plain-words failures.
+
+Loaded by the root conftest.py, and by judge.py with ``-p kit.plugin`` so that a hidden test
+folder outside the repository gets the same behaviour.  Its configuration arrives as ``--kit-*``
+options (judge.py passes a ``KitConfig`` that way); their defaults are the user's overrides
+(see kit/config.py).  One ``KitSession`` per pytest process holds what the hooks share.
+
+Choosing the code under test, in order of precedence:
+    --target FILE          a student's file or a known-wrong version
+    --solution             the reference in solutions/
+    KIT_TARGET=FILE|solution
+    (default)              the learner's stub in practice/
+
+Plain ``pytest practice/`` (no -v, no --tb, no -r) ends with the kit's own summary: real
+failures first in plain words with a rerun command, one line per problem that is not
+implemented yet, and a table of every problem's status and score.  -v or --tb=... give
+pytest's full output instead.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+import harness
+
+from . import failures
+from .config import PROFILES, KitConfig
+from . import report as _report
+from .session import KitSession
+
+_SESSION = pytest.StashKey[KitSession]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kit", "distributed-training practice kit")
+    group.addoption("--target", default=None, help="judge this implementation file instead of practice/")
+    group.addoption("--solution", action="store_true", help="judge the reference in solutions/")
+    group.addoption("--kit-profile", choices=sorted(PROFILES), default=None,
+                    help="examples per property: quick 10, default 50, thorough 500 (default: KIT_PROFILE)")
+    group.addoption("--kit-no-shrink", action="store_true", help="stop at the first failing example (selfcheck)")
+    group.addoption("--kit-backend", choices=["gloo", "nccl", "auto"], default=None,
+                    help="process-group backend of the problems' ranks (default: KIT_BACKEND, else gloo)")
+    group.addoption("--kit-rank-memory-gb", type=float, default=None, help="each rank's resident-memory limit")
+    group.addoption("--kit-verbose", action="store_true", help="keep hypothesis's own advice (judge.py --verbose)")
+    group.addoption("--kit-report", default=None, help="write a JSON report of every test (used by judge.py)")
+    group.addoption("--kit-targets", default=None,
+                    help="JSON list of {id, path}: run every test once per target (judge.py selfcheck)")
+    group.addoption("--kit-progress-fd", type=int, default=None,
+                    help="write progress events (JSON lines) to this inherited file descriptor (judge.py)")
+    group.addoption("--kit-trace-dir", default=None,
+                    help="write each test's last traced call as Chrome trace JSON into this folder (judge.py --show)")
+
+
+def _config_from_options(config) -> KitConfig:
+    env = KitConfig()   # the user's overrides, as defaults
+    opt = config.getoption
+    return KitConfig(profile=opt("--kit-profile") or env.profile, shrink=not opt("--kit-no-shrink"),
+                     verbose=bool(opt("--kit-verbose") or config.option.verbose > 0),
+                     backend=opt("--kit-backend") or env.backend, target=opt("--target") or env.target,
+                     state_dir=env.state_dir, rank_memory_gb=opt("--kit-rank-memory-gb") or env.rank_memory_gb)
+
+
+def pytest_configure(config):
+    # Start it before the tests import torch, so its own torch import overlaps with theirs.
+    # An xdist controller runs no test: only its workers need ranks.
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        harness.prestart()
+    try:
+        kit_config = _config_from_options(config)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    session = KitSession(config, kit_config)
+    config.stash[_SESSION] = session
+    config.pluginmanager.register(session, "kit-session")   # its hooks: progress, reports, summary
+    session.progress(event="phase", text="starting the ranks")
+
+
+def _session(config) -> KitSession:
+    return config.stash[_SESSION]
+
+
+def pytest_generate_tests(metafunc):
+    targets = metafunc.config.getoption("--kit-targets")
+    if targets and "target" in metafunc.fixturenames:
+        chosen = json.loads(targets)
+        metafunc.parametrize("target", [t["path"] for t in chosen], ids=[t["id"] for t in chosen],
+                             indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def problem(request):
+    """The problems.yaml entry of the test file's folder."""
+    found = _session(request.config).problem_for(request.node.path)
+    if found is None:
+        pytest.fail(f"{request.node.path} is not inside a problem folder named <number>_<slug>", pytrace=False)
+    return found
+
+
+@pytest.fixture(scope="module")
+def target(request, problem):
+    """The implementation under test, as a ``harness.Target`` (loaded only inside the ranks).
+
+    A file that cannot be used fails every test with a ``TargetError`` ("load error").
+    """
+    path = _session(request.config).target_path(problem, getattr(request, "param", None))
+    return harness.Target(path, problem.names).validate()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _problem_policy(request):
+    """Every ``harness.run`` in a problem's tests obeys that problem's ops policy and time limit."""
+    session = _session(request.config)
+    found = session.problem_for(request.node.path)
+    if found is None:
+        yield
+        return
+    import torch
+    torch.set_num_threads(1)  # expected values use tiny tensors: threads only add overhead on small machines
+    with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit,
+                          stop_on_hang=True, backend=session.config.backend,
+                          memory_gb=session.config.rank_memory_gb, on_trace=session.keep_trace):
+        yield
+
+
+def pytest_sessionfinish(session):
+    harness.shutdown()
+    path = session.config.getoption("--kit-report", default=None)
+    if path and not hasattr(session.config, "workerinput"):
+        _session(session.config).write_report(path)
+
+
+# ---- each example: progress, the failing case, the trace of the failing call -------------------
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    """Wrap hypothesis's inner test: count examples (progress) and remember the last failing one.
+
+    After shrinking, hypothesis replays the smallest failing example last, so the last
+    failing call is the case to show, and a trace it recorded is that case's timeline.
+    """
+    session = _session(item.config)
+    session.trace = None
+    item._kit_case, item._kit_case_traced = "", False
+    hyp = getattr(getattr(item, "obj", None), "hypothesis", None)
+    inner = getattr(hyp, "inner_test", None)
+    if inner is None:
+        seq = session.trace_seq
+        yield
+        item._kit_case_traced = session.trace_seq > seq
+        return
+    fixtures = set(getattr(item, "fixturenames", ()))
+    examples = getattr(getattr(item.obj, "_hypothesis_internal_use_settings", None), "max_examples",
+                       session.config.examples)
+    counts = {"calls": 0, "failed": False}
+
+    @functools.wraps(inner)
+    def counted(*args, **kwargs):
+        counts["calls"] += 1
+        session.progress(event="example", test=item.name, n=counts["calls"], of=examples,
+                         phase="shrinking" if counts["failed"] else "generating")
+        seq = session.trace_seq
+        try:
+            return inner(*args, **kwargs)
+        except BaseException:
+            counts["failed"] = True
+            item._kit_case = failures.format_draw(kwargs, fixtures)
+            item._kit_case_traced = session.trace_seq > seq
+            raise
+
+    hyp.inner_test = counted
+    try:
+        yield
+    finally:
+        hyp.inner_test = inner
+
+
+# ---- failures in plain words -------------------------------------------------------------------
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.when != "call" and not (report.failed and report.when == "setup"):
+        return
+    session = _session(item.config)
+    found = session.problem_for(item.path)
+    props = report.user_properties
+    props += [("kit_points", found.points_for(item.name) if found else 1.0),
+              ("kit_problem", found.number if found else None)]
+    exc = None
+    if report.failed and call.excinfo is not None:
+        exc = failures.first_exception(call.excinfo.value)
+        target_path = getattr(getattr(item, "funcargs", {}).get("target"), "path", None)
+        kind, message = failures.explain(exc, target_path)
+        stopped_early = kind in (failures.NOT_IMPLEMENTED, "load error")
+        case = "" if stopped_early else failures.case_of(exc, getattr(item, "_kit_case", ""))
+        notes = (failures.hypothesis_notes(call.excinfo.value), getattr(item, "hypothesis_report_information", ""))
+        props += [("kit_kind", kind), ("kit_message", message), ("kit_example", case),
+                  ("kit_hypothesis", "\n\n".join(x for x in notes if x))]
+        if kind == failures.NOT_IMPLEMENTED and exc.frames:
+            props.append(("kit_location", list(exc.frames[-1][:3])))
+        if isinstance(exc, failures.PLAIN_WORDS):
+            report.longrepr = f"[{kind}] {message}" + (f"\n\nfailing case: {case}" if case else "")
+    if report.when == "call":
+        session.save_trace(item, report, exc)
+
+
+# ---- plain `pytest practice/`: the kit's summary -----------------------------------------------
+
+def _kit_mode(config, terminal, session: KitSession) -> bool:
+    """Replace pytest's failure sections only when nothing is lost: default options, and every
+    failure belongs to a problem's tests (so a broken harness test still shows its traceback)."""
+    if config.getoption("--kit-report") or config.getoption("--kit-targets"):
+        return False
+    if config.option.verbose > 0 or config.option.tbstyle != "auto" or config.option.reportchars not in ("fE", "Ef"):
+        return False
+    failed = terminal.stats.get("failed", []) + terminal.stats.get("error", [])
+    ours = {r["nodeid"] for r in session.reports if r["problem"] is not None}
+    return bool(ours) and all(getattr(r, "nodeid", None) in ours for r in failed)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = _session(config)
+    if hasattr(config, "workerinput") or not any(r["problem"] is not None for r in session.reports):
+        return (yield)
+    kit_mode = _kit_mode(config, terminalreporter, session)
+    if kit_mode:
+        # pytest's own sections would repeat every stub's NotImplementedError; the kit's summary replaces them
+        config.option.tbstyle = "no"
+        terminalreporter.reportchars = terminalreporter.reportchars.replace("f", "").replace("E", "")
+    try:
+        return (yield)
+    finally:
+        if config.option.verbose <= 0 or kit_mode:
+            lines = _report.pytest_summary(session.reports, session.problems(), seed=session.seed,
+                                          profile=session.config.profile, target_args=session.target_args(),
+                                          full=kit_mode)
+            terminalreporter.write_sep("=", "practice kit summary")
+            for line in lines:
+                terminalreporter.write_line(line)

@@ -1,0 +1,113 @@
+"""selfcheck: the reference passes, the committed stub scores 0 cleanly, every known-wrong version is rejected."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import tempfile
+
+from .catalogue import Problem
+from .config import KitConfig
+from .judging import UsageError, judge_once
+from .stubs import is_stub, pristine_stub, relative
+
+
+def rejected_by(wrong_file: str) -> str | None:
+    """The REJECTED_BY name a known-wrong version declares (read with ast: its code never runs here)."""
+    with open(wrong_file, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REJECTED_BY" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def stub_for_selfcheck(problem: Problem, folder: str) -> tuple[str | None, str]:
+    """(path of the stub to check, written into ``folder``; where it came from), or (None, why not).
+
+    The practice file while it is still a stub (an author's edit of the stub counts); once a
+    learner has implemented part of it, the newest committed stub from git.
+    """
+    with open(problem.practice_file(), encoding="utf-8") as f:
+        source, origin = f.read(), "working tree"
+    if not is_stub(source, problem.names):
+        try:
+            source, origin = pristine_stub(problem), "git"
+        except UsageError:
+            return None, (f"not checked: practice/{problem.folder}/{problem.file} is edited, and there is no "
+                          "git history to take the stub from")
+    path = os.path.join(folder, problem.file)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    return path, origin
+
+
+def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | None = None, seed: int | None = 0,
+                      progress=None) -> list[dict]:
+    """One row per target: the reference must pass, the stub score 0 cleanly, each wrong version fail.
+
+    "The stub" is the pristine one (from git), never the learner's edited practice file.
+    All targets run in one test process (``--kit-targets``), sharing its warm ranks; without
+    shrinking, since only "it fails" matters here.
+    """
+    with tempfile.TemporaryDirectory(prefix="kit-selfcheck-") as tmp:
+        stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
+        targets = [{"id": "reference", "path": problem.solution_file()}]
+        if stub_path:
+            targets.append({"id": "stub", "path": stub_path})
+        expected = {}
+        for wrong in problem.wrong_files():
+            name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
+            targets.append({"id": name, "path": wrong})
+            expected[name] = rejected_by(wrong)
+        verdict = judge_once(problem, "", dataclasses.replace(config, shrink=False), tests_root=tests_root,
+                             seed=seed, targets=targets, progress=progress)
+    rows = []
+    if not stub_path:
+        rows.append({"problem": problem.number, "target": "stub", "ok": True, "skipped": True,
+                     "detail": stub_origin, "path": f"practice/{problem.folder}/{problem.file}"})
+    for t in targets:
+        mine = [r for r in verdict.tests if r.target == t["id"]]
+        if t["id"] == "reference":
+            ok, detail = _reference_row(mine)
+        elif t["id"] == "stub":
+            ok, detail = _stub_row(mine)
+        else:
+            ok, detail = _wrong_version_row(mine, expected[t["id"]])
+        path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else relative(t["path"])
+        rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail, "path": path})
+    return rows
+
+
+def _reference_row(results: list) -> tuple[bool, str]:
+    failed = [r for r in results if not r.passed]
+    if results and not failed:
+        return True, "all pass"
+    if not results:
+        return False, "ran no test"
+    return False, f"fails {', '.join(r.name for r in failed)}: {first_line(failed[0].message)}"
+
+
+def _stub_row(results: list) -> tuple[bool, str]:
+    passing = [r.name for r in results if r.passed]
+    unclean = [r for r in results if not r.passed and r.kind != "not implemented"]
+    if results and not passing and not unclean:
+        return True, "scores 0, 'not implemented yet'"
+    if passing:
+        return False, f"{len(passing)} tests pass on the committed stub: {', '.join(passing)}"
+    if not results:
+        return False, "ran no test"
+    return False, f"{unclean[0].name} fails with {unclean[0].kind}: {first_line(unclean[0].message)}"
+
+
+def _wrong_version_row(results: list, want: str | None) -> tuple[bool, str]:
+    failed = [r for r in results if not r.passed]
+    hit = [r for r in failed if r.name.split("[")[0] == want] if want else failed
+    if hit and all(r.message for r in hit):
+        return True, f"rejected by {want}: {first_line(hit[0].message)}"
+    return False, f"NOT rejected by {want or 'any test'}" + ("" if want else " (no REJECTED_BY)")
+
+
+def first_line(text: str) -> str:
+    """The first line of a message, whole: details are never cut mid-word."""
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""

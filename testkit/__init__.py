@@ -1,0 +1,14 @@
+"""Helpers that problem tests share: models and data, hypothesis strategies, process groups, flat shards.
+
+    testkit.models       seeded MLPs and batches, OptimizerSpec, single-process reference training
+    testkit.strategies   hypothesis strategies that lean towards the cases that expose classic bugs
+    testkit.groups       member_group / contiguous_groups: process groups inside a rank function
+    testkit.flat_shards  the flat, padded ZeRO / FSDP partition and the costs that follow from it
+    testkit.siblings     import_siblings: a problem folder's own helper modules, by name, here and on the ranks
+
+This is the layer between the engine and the problems: it imports only the engine's
+public API (``harness.<name>``, the names ``harness/__init__.py`` exports), never one of
+the engine's own modules or the judge app (``kit``).  A helper that serves one problem
+lives beside that problem's tests instead (``practice/117_tensor_parallel/shard_match.py``,
+``practice/118_pipeline_1f1b/pipeline_grid.py``).
+"""
