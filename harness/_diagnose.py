@@ -37,11 +37,12 @@ def blocking_line(stack_dump: str) -> str | None:
     for file, line, func in main:  # innermost first
         if not _is_library(file):
             source = linecache.getline(file, line).strip()
-            return f"{_short(file)}:{line} in {func}: {source}"
+            return f"{short_path(file)}:{line} in {func}: {source}"
     return None
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
+    """Relative to the working directory when inside it: messages stay readable."""
     rel = os.path.relpath(path)
     return path if rel.startswith("..") else rel
 

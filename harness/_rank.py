@@ -21,7 +21,7 @@ import torch._dynamo  # noqa: F401  (first optimizer construction imports it laz
 
 from ._integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
 from ._kernels import install
-from ._recorder import short_path
+from ._diagnose import short_path
 from ._sandbox import confine, guard_store, hint
 from .errors import ForbiddenOp, TraceTampered
 from .wire import Reply, WireError

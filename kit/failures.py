@@ -7,7 +7,9 @@ import traceback
 import harness
 from harness import errors
 
-NOT_IMPLEMENTED = "not implemented"
+from .judging import NOT_IMPLEMENTED
+from .report import relative
+
 _KINDS = (   # most specific first
     ((errors.HangError, errors.HangStopped), "hang"),
     (errors.RankCrashed, "crash"),
@@ -59,8 +61,7 @@ def _where_in_tests(exc) -> str:
     if not frames:
         return ""
     f = frames[-1]
-    rel = os.path.relpath(f.filename)
-    return f"\n  at {f.filename if rel.startswith('..') else rel}:{f.lineno}: {(f.line or '').strip()}"
+    return f"\n  at {relative(f.filename)}:{f.lineno}: {(f.line or '').strip()}"
 
 
 def case_of(exc, fallback: str) -> str:

@@ -20,6 +20,9 @@ from .catalogue import Problem
 from .config import ROOT, KitConfig
 
 
+NOT_IMPLEMENTED = "not implemented"   # the kind of a failure that stopped at the stub's own NotImplementedError
+
+
 class UsageError(Exception):
     """Bad input from the person at the keyboard (exit code 4)."""
 

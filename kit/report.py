@@ -12,8 +12,7 @@ import re
 import shlex
 import sys
 
-from .failures import NOT_IMPLEMENTED
-from .judging import Verdict
+from .judging import NOT_IMPLEMENTED, Verdict
 
 
 def console(stream=None):
@@ -23,7 +22,8 @@ def console(stream=None):
                    width=None if stream.isatty() else 100)
 
 
-def _relative(path: str) -> str:
+def relative(path: str) -> str:
+    """Relative to the working directory when inside it; any other path whole."""
     rel = os.path.relpath(path) if path else path
     return path if not path or rel.startswith("..") else rel
 
@@ -69,7 +69,7 @@ def _location_text(t) -> str:
     loc = t.get("location") if isinstance(t, dict) else t.location
     if loc:
         file, line, func = loc
-        return f"{_relative(file)}:{line} ({func})"
+        return f"{relative(file)}:{line} ({func})"
     message = t.get("message", "") if isinstance(t, dict) else t.message
     return message.removeprefix("not implemented yet: ")
 
@@ -102,7 +102,7 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
     p = verdict.problem
     if not brief:
         con.print(Text(f"{p.number} · {p.display_title}", style="bold"))
-        con.print(Text(f"target: {_relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}"
+        con.print(Text(f"target: {relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}"
                        f"   backend: {verdict.backend}", style="dim"))
         table = Table(show_edge=False, box=None, pad_edge=False)
         table.add_column("test", overflow="fold")

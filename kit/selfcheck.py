@@ -9,7 +9,8 @@ import tempfile
 from .catalogue import Problem
 from .config import KitConfig
 from .judging import UsageError, judge_once
-from .stubs import is_stub, pristine_stub, relative
+from .report import relative
+from .stubs import is_stub, pristine_stub
 
 
 def rejected_by(wrong_file: str) -> str | None:

@@ -9,6 +9,7 @@ import time
 from .catalogue import Problem
 from .config import ROOT
 from .judging import UsageError
+from .report import relative
 
 
 def is_stub(source: str, names) -> bool:
@@ -76,7 +77,3 @@ def reset(problem: Problem, state_dir: str, ask=input) -> str:
     return f"Restored the stub. Your version is saved as {relative(backup)}"
 
 
-def relative(path: str) -> str:
-    """A path inside the kit as the learner types it; any other path whole."""
-    rel = os.path.relpath(path, ROOT)
-    return path if rel.startswith("..") else rel
