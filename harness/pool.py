@@ -16,6 +16,7 @@ import cloudpickle
 from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
 from .errors import HangError, HangStopped
 from .policy import Policy
+from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
 from .world import World
 
@@ -45,13 +46,14 @@ def pick_backend(world_size: int, backend: str = "auto") -> str:
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
         backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
-        perturb: tuple | None = None, **kwargs) -> RunResult:
+        perturb: tuple | None = None, reuse: bool = False, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
     ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
     raises ``ForbiddenOp``.  ``record_compute`` fills each op's ``compute_between``; ``perturb=(rank, n)``
     makes that rank's n-th point-to-point send carry a perturbed copy (see ``Policy``).
+    ``reuse=True`` returns an identical earlier call's result again, without running (see ``reuse``).
     Arguments left out (None) come from ``harness.defaults``.
     Raises ``RankError`` (``NotImplementedYet`` for a
     stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
@@ -61,6 +63,12 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
         raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
     given = current()
     backend = pick_backend(world_size, backend or given.backend or "auto")
+    policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
+                    record_compute=record_compute, perturb=perturb)
+    kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse else None
+    kept = kept_result(kept_as)
+    if kept is not None:
+        return _result(*kept, given)
     key = (world_size, backend)
     world = _WORLDS.get(key)
     if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
@@ -68,8 +76,6 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
             world.kill()
         world = _WORLDS[key] = World(world_size, backend)
     _register_by_value(fn)
-    policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
-                    record_compute=record_compute, perturb=perturb)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
     try:
@@ -83,6 +89,11 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
             if given.stop_on_hang:
                 raise HangStopped(error) from None
         raise
+    keep_result(kept_as, values, trace)
+    return _result(values, trace, given)
+
+
+def _result(values: list, trace: Trace, given) -> RunResult:
     if given.on_trace is not None:
         given.on_trace(trace)
     return RunResult(values, trace)
@@ -106,10 +117,11 @@ def _register_by_value(fn):
 
 
 def shutdown():
-    """Stop every pooled world.  Runs at exit; safe to call any time."""
+    """Stop every pooled world, and forget every kept result.  Runs at exit; safe to call any time."""
     for world in list(_WORLDS.values()):
         world.close()
     _WORLDS.clear()
+    forget_kept()
 
 
 def live_rank_pids() -> list[int]:

@@ -11,10 +11,11 @@ import tempfile
 from . import catalogue, report, show, stubs
 from .config import PROFILES, KitConfig
 from .grade import common_failures, find_submissions, grade
-from .judging import InternalError, UsageError, judge_once
+from .judging import InternalError, UsageError, env_for_tests, judge_once
 from .live import live
 from .progress import Progress, next_problem, status_of
 from .selfcheck import selfcheck_problem
+from .warm import WarmTests
 from .watch import watch
 
 EXIT_PASS, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2, 3, 4
@@ -208,46 +209,33 @@ def cmd_hint(problem) -> int:
 
 
 def cmd_watch(problem, args) -> int:
-    import signal
-    import subprocess
+    """Judge now and after every save, in one warm test process: the first failing property and the score."""
     path, target_args = _target(problem, args)
-    judge = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "judge.py")
-    cmd = [sys.executable, judge, str(problem.number), *target_args, "--brief",
-           "--profile", args.profile or "quick"]
-    if args.select:
-        cmd += ["-k", args.select]
-    if args.tests:
-        cmd += ["--tests", args.tests]
-    print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop")
+    tests_root = _tests_root(args)
+    config = config_of(args, profile=args.profile or "quick")
+    tests = WarmTests(env_for_tests())
+    print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop", flush=True)
 
     def rejudge():
         print("\n" + "─" * 60, flush=True)
-        # A fresh process each time, so edits are picked up.  Its own session: on Ctrl-C we
-        # interrupt it ourselves, and it takes its test process and ranks down before exiting.
-        child = subprocess.Popen(cmd, start_new_session=True)
         try:
-            child.wait()
-        except KeyboardInterrupt:
-            _signal_group(child.pid, signal.SIGINT)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                _signal_group(child.pid, signal.SIGKILL)
-                child.wait()
-            raise
+            _validate(problem, path)
+            verdict = judge_once(problem, path, config, tests_root=tests_root, select=args.select, runner=tests)
+        except (UsageError, InternalError) as e:   # a syntax error, a missing name: say so, keep watching
+            print(f"error: {e}", flush=True)
+            return
+        report.render_text(verdict, target_args + (["--tests", tests_root] if tests_root else []), brief=True)
+        if path == problem.practice_file() and not args.select and not tests_root:
+            Progress(KitConfig().state_dir).record_result(problem, verdict.score, verdict.max_score,
+                                                          verdict.all_passed)
 
     try:
         watch(path, rejudge)
     except KeyboardInterrupt:
         print("\nstopped watching")
+    finally:
+        tests.close()
     return EXIT_PASS
-
-
-def _signal_group(pid: int, sig):
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:  # it had already finished
-        pass
 
 
 def cmd_trace(problem, args) -> int:

@@ -104,11 +104,13 @@ def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: st
     return cmd
 
 
-def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> subprocess.CompletedProcess:
+def run_pytest(cmd: list, env: dict, timeout: float, report: str, progress=None) -> subprocess.CompletedProcess:
     """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it.
 
-    ``progress(event)`` receives the plugin's progress events (dicts: collected, start,
-    example, end, phase) as they happen, through a pipe of their own.
+    Done as soon as the ``report`` file appears (the plugin writes it whole, last thing in the
+    session): the process group is then ended at once, instead of waiting about 2 s for pytest,
+    the forkserver and the ranks to tear torch down.  ``progress(event)`` receives the plugin's
+    progress events (dicts: collected, start, example, end, phase) as they happen.
     """
     read_fd = write_fd = None
     if progress is not None:
@@ -116,26 +118,35 @@ def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> subproces
         cmd = cmd + ["--kit-progress-fd", str(write_fd)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, pass_fds=(write_fd,) if write_fd is not None else ())
-    reader = None
+    readers = [_thread(_read_output, proc.stdout, output := [])]
     if write_fd is not None:
         os.close(write_fd)
-        reader = threading.Thread(target=_read_progress, args=(read_fd, progress), daemon=True)
-        reader.start()
+        readers.append(_thread(read_progress, read_fd, progress))
+    deadline = time.monotonic() + timeout
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped") from None
-    except KeyboardInterrupt:
-        _kill_group(proc)
-        raise
-    finally:
-        if reader is not None:
+        while proc.poll() is None and not os.path.exists(report):
+            if time.monotonic() > deadline:
+                raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
+            time.sleep(0.02)
+    finally:   # also on Ctrl-C and on a timeout
+        kill_group(proc)
+        for reader in readers:
             reader.join(timeout=2)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(output), "")
 
 
-def _read_progress(fd: int, progress):
+def _thread(target, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def _read_output(stream, into: list):
+    for line in stream:
+        into.append(line)
+
+
+def read_progress(fd: int, progress):
     with os.fdopen(fd, encoding="utf-8", errors="replace") as stream:
         for line in stream:
             try:
@@ -148,7 +159,7 @@ def _read_progress(fd: int, progress):
                 pass
 
 
-def _kill_group(proc):
+def kill_group(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -156,14 +167,20 @@ def _kill_group(proc):
     proc.wait()
 
 
+def env_for_tests() -> dict:
+    """The environment of a test process: this one's, with the kit importable from anywhere."""
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: str | None = None,
                seed: int | None = None, select: str | None = None, maxfail: int | None = None,
                targets: list | None = None, timeout: float = 1800, progress=None,
-               trace_dir: str | None = None) -> Verdict:
-    """Run one problem's tests on ``target`` (or ``targets``) in a fresh pytest process and score them.
+               trace_dir: str | None = None, runner=run_pytest) -> Verdict:
+    """Run one problem's tests on ``target`` (or ``targets``) in a test process and score them.
 
     ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
-    events; ``trace_dir``: where each test's last traced call is written (judge.py --show).
+    events; ``trace_dir``: where each test's last traced call is written (judge.py --show);
+    ``runner``: how the pytest command runs (``run_pytest``: a fresh process; ``WarmTests``: a warm one).
     """
     tests_dir = problem.tests_dir(tests_root)
     if not os.path.isdir(tests_dir):
@@ -171,19 +188,19 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
     if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
         raise UsageError(f"no test_*.py files in {tests_dir}")
     seed = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = pytest_command(config, tests_dir, report, target=target, targets=targets, seed=seed,
                              select=select, maxfail=maxfail, trace_dir=trace_dir)
         started = time.perf_counter()
-        done = run_pytest(cmd, env, timeout, progress)
+        done = runner(cmd, env_for_tests(), timeout, report, progress)
         elapsed = time.perf_counter() - started
         if not os.path.exists(report):
             raise InternalError(f"the test run for problem {problem.number} produced no report "
                                 f"(exit code {done.returncode}):\n{_tail(done.stdout)}")
         with open(report, encoding="utf-8") as f:
             data = json.load(f)
+    done.returncode = data.get("exitstatus", done.returncode)   # the group was ended once the report was whole
     if done.returncode not in (0, 1, 5) and not data["tests"]:
         raise InternalError(f"pytest could not run the tests in {tests_dir} (exit code {done.returncode}):\n"
                             f"{_tail(done.stdout)}")

@@ -46,7 +46,8 @@ def pytest_addoption(parser):
     group.addoption("--kit-verbose", action="store_true", help="keep hypothesis's own advice (judge.py --verbose)")
     group.addoption("--kit-report", default=None, help="write a JSON report of every test (used by judge.py)")
     group.addoption("--kit-targets", default=None,
-                    help="JSON list of {id, path}: run every test once per target (judge.py selfcheck)")
+                    help="JSON list of {id, path[, tests]}: run each test once per target, or only the tests a "
+                         "target names (judge.py selfcheck)")
     group.addoption("--kit-progress-fd", type=int, default=None,
                     help="write progress events (JSON lines) to this inherited file descriptor (judge.py)")
     group.addoption("--kit-trace-dir", default=None,
@@ -84,7 +85,8 @@ def _session(config) -> KitSession:
 def pytest_generate_tests(metafunc):
     targets = metafunc.config.getoption("--kit-targets")
     if targets and "target" in metafunc.fixturenames:
-        chosen = json.loads(targets)
+        name = metafunc.function.__name__
+        chosen = [t for t in json.loads(targets) if t.get("tests") is None or name in t["tests"]]
         metafunc.parametrize("target", [t["path"] for t in chosen], ids=[t["id"] for t in chosen],
                              indirect=True, scope="module")
 
@@ -124,11 +126,11 @@ def _problem_policy(request):
         yield
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
     harness.shutdown()
     path = session.config.getoption("--kit-report", default=None)
     if path and not hasattr(session.config, "workerinput"):
-        _session(session.config).write_report(path)
+        _session(session.config).write_report(path, exitstatus)
 
 
 # ---- each example: progress, the failing case, the trace of the failing call -------------------

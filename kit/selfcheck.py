@@ -59,8 +59,9 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
         expected = {}
         for wrong in problem.wrong_files():
             name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
-            targets.append({"id": name, "path": wrong})
             expected[name] = rejected_by(wrong)
+            # what must reject it is all that runs on it (every test, when it names none)
+            targets.append({"id": name, "path": wrong, "tests": [expected[name]] if expected[name] else None})
         verdict = judge_once(problem, "", dataclasses.replace(config, shrink=False), tests_root=tests_root,
                              seed=seed, targets=targets, progress=progress)
     rows = []

@@ -38,7 +38,8 @@ class KitSession:
             settings.load_profile("kit")
         self.seed = self._seed()
         fd = pytest_config.getoption("--kit-progress-fd")
-        self._progress = os.fdopen(fd, "w", buffering=1, encoding="utf-8") if fd is not None else None
+        # closefd=False: a warm test process (kit.server) keeps the descriptor for its next session
+        self._progress = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=False) if fd is not None else None
 
     def _seed(self):
         """One seed for the whole session, printed with the summary, so every failure has a rerun command."""
@@ -148,7 +149,10 @@ class KitSession:
         if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
             self.add_report(report)
 
-    def write_report(self, path: str):
-        with open(path, "w", encoding="utf-8") as f:
+    def write_report(self, path: str, exitstatus: int):
+        """Whole or not at all (written aside, then renamed): the judge stops the run once it appears."""
+        with open(path + ".part", "w", encoding="utf-8") as f:
             json.dump({"tests": self.reports, "seed": self.seed, "profile": self.config.profile,
-                       "backend": self.config.backend, "finished_at": time.time()}, f, indent=1)
+                       "backend": self.config.backend, "exitstatus": int(exitstatus), "finished_at": time.time()},
+                      f, indent=1)
+        os.replace(path + ".part", path)

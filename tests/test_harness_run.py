@@ -232,3 +232,38 @@ def test_on_trace_receives_each_successful_calls_trace():
             harness.run(raise_on_every_rank_after_balanced_ops, 2)
     harness.run(sum_of_ranks, 2, timeout=30)
     assert seen == [result.trace]
+
+
+def _draw_and_load(target):
+    """A fresh random number each time it runs, and the target file's answer."""
+    return os.urandom(8).hex(), target.load().ANSWER
+
+
+def _fails_sometimes(fail):
+    if fail:
+        raise ValueError("no")
+    return os.urandom(8).hex()
+
+
+def test_reuse_returns_an_identical_calls_result_without_running_it(tmp_path):
+    """#14: properties that check one run share it; an edited file, other arguments or a failure run afresh."""
+    learner = tmp_path / "mine.py"
+    learner.write_text("ANSWER = 1\n")
+    target = harness.Target(str(learner))
+    first = harness.run(_draw_and_load, 2, target, reuse=True)
+    again = harness.run(_draw_and_load, 2, target, reuse=True)
+    assert again.values == first.values and again.trace is first.trace
+    again.values[0] = "changed by a test"
+    assert harness.run(_draw_and_load, 2, target, reuse=True).values == first.values   # each gets its own copy
+    assert harness.run(_draw_and_load, 2, target).values != first.values               # reuse is asked for
+    assert harness.run(_draw_and_load, 3, target, reuse=True).values[0] != first.values[0]
+    time.sleep(0.01)
+    learner.write_text("ANSWER = 22\n")
+    edited = harness.run(_draw_and_load, 2, target, reuse=True).values
+    assert edited != first.values and edited[0][1] == 22
+    with pytest.raises(harness.RankError):
+        harness.run(_fails_sometimes, 1, True, reuse=True)
+    with pytest.raises(harness.RankError):   # a failure is not kept
+        harness.run(_fails_sometimes, 1, True, reuse=True)
+    harness.shutdown()   # a new session forgets what was kept
+    assert harness.run(_draw_and_load, 2, target, reuse=True).values != edited

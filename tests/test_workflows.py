@@ -142,7 +142,66 @@ def test_watch_rejudges_after_each_save(tmp_path):
     assert runs == ["v1", "v2", "v3 is longer"]
 
 
-def test_watch_command_runs_a_fresh_judge_and_exits_cleanly_on_ctrl_c(tmp_path):
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` (each test gives its own KIT_STATE_DIR)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _read_until(proc, text: str, timeout: float = 300) -> str:
+    seen, deadline = "", time.monotonic() + timeout
+    while text not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert text in seen, seen
+    return seen
+
+
+def test_watch_judges_every_save_as_saved_in_one_warm_test_process(tmp_path):
+    """#14: --watch keeps its test process warm between saves, and nothing stale crosses from one judge to the
+    next: a save that breaks make_buckets fails at once, and the fix passes again."""
+    import signal
+    import subprocess
+    import sys
+    mine = tmp_path / "ddp_buckets.py"
+    shutil.copy(REFERENCE, mine)
+    marker = f"KIT_STATE_DIR={tmp_path}"
+    env = dict(os.environ, KIT_STATE_DIR=str(tmp_path), NO_COLOR="1")
+    proc = subprocess.Popen([sys.executable, "judge.py", "113", "--watch", "--target", str(mine), "-k",
+                             "test_bucket_contract"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+    try:
+        _read_until(proc, "score: 3/3")
+        warm = set(_processes_with(marker)) - {proc.pid}
+        good = mine.read_text()
+        time.sleep(1.1)   # a new mtime, even on coarse file systems
+        mine.write_text(good.replace("for i in reversed(range(len(sizes))):", "for i in range(len(sizes)):"))
+        _read_until(proc, "score: 0/3")
+        assert "returned [[0, 1], [2, 3]]" in _read_until(proc, "rerun just this case")
+        time.sleep(1.1)
+        mine.write_text(good)
+        _read_until(proc, "score: 3/3")
+        assert warm & set(_processes_with(marker)), "each save started a new test process"
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "stopped watching" in rest
+    time.sleep(0.5)
+    assert not _processes_with(marker), "a test process or rank outlived --watch"
+
+
+def test_watch_command_exits_cleanly_on_ctrl_c(tmp_path):
     import signal
     import subprocess
     import sys

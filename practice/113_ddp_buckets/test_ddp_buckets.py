@@ -184,8 +184,9 @@ def _ddp_train(target, widths, frozen, cap, local_batch, steps, optimizer, seed,
 
 
 def _run_ddp(target, case):
+    """One training run per drawn case: the properties below check different things about the same run."""
     args = {k: v for k, v in case.items() if k != "world_size"}
-    return harness.run(_ddp_train, case["world_size"], target, **args)
+    return harness.run(_ddp_train, case["world_size"], target, reuse=True, **args)
 
 
 def _torch_ddp_train(widths, frozen, local_batch, steps, optimizer, seed, micro_batches):
