@@ -35,44 +35,37 @@ def pytest_addoption(parser):
     parser.addoption("--kit-speed-out", default=None, help="where kit.speed's plugin writes its figures")
 
 
-def _timed_run(run, spent: list):
-    @functools.wraps(run)
+def _timed(fn, figures: dict, field: str, count: str | None = None):
+    """``fn``, adding the seconds each call takes to ``figures[field]`` (and 1 to ``figures[count]``)."""
+    fn = getattr(fn, "_kit_speed_of", fn)
+
+    @functools.wraps(fn)
     def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return run(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - start
+            figures[field] += time.perf_counter() - start
+            if count:
+                figures[count] += 1
+    timed._kit_speed_of = fn
     return timed
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):
     import harness
-    hyp = getattr(getattr(item, "obj", None), "hypothesis", None)
-    inner = getattr(hyp, "inner_test", None)
     figures = _TIMES.setdefault(item.name, {"examples": 0, "in_examples": 0.0, "in_run": 0.0})
-    spent = [0.0]
-    harness.run = _timed_run(harness.run.__wrapped__ if hasattr(harness.run, "__wrapped__") else harness.run, spent)
-    if inner is not None and not hasattr(inner, "_kit_speed"):
-        @functools.wraps(inner)
-        def counted(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                figures["examples"] += 1
-                figures["in_examples"] += time.perf_counter() - start
-        counted._kit_speed = True
-        hyp.inner_test = counted
-    figures["spent"] = spent
+    harness.run = _timed(harness.run, figures, "in_run")
+    hyp = getattr(getattr(item, "obj", None), "hypothesis", None)
+    if getattr(hyp, "inner_test", None) is not None:
+        hyp.inner_test = _timed(hyp.inner_test, figures, "in_examples", count="examples")
 
 
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.nodeid.split("::")[-1] in _TIMES:
         figures = _TIMES[report.nodeid.split("::")[-1]]
         figures["duration"] = report.duration
-        figures["in_run"] = figures.pop("spent", [0.0])[0]
 
 
 def pytest_sessionfinish(session):
