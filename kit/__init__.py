@@ -15,11 +15,12 @@ Layout, one job per module:
     show        --trace / --show: timelines and recorded drawings
     progress    the learner's progress and hints
     stubs       the committed stub, --reset
-    watch       --watch
+    watch       --watch's loop; warm: WarmTests, its one warm test process; server: that process
     selfcheck   reference passes, stub scores 0, every known-wrong version fails
     grade       a folder of submissions into a gradebook
     live        progress on a terminal
     cli         judge.py's commands
     target_cli  --solution / --target for small scripts beside a problem
     compat      the suite against one torch version, in a fresh venv
+    speed       where a learner's wait goes: a cold judge by phase, each property, --watch latency
 """
