@@ -12,6 +12,7 @@
     python judge.py 113 --trace t.json   write a timeline (Perfetto / chrome://tracing): the failing case's, if any
     python judge.py 113 --show           draw that timeline in the terminal
     python judge.py 113 --verbose        also show hypothesis's own output under each failure
+    python judge.py 113 --backend nccl   run the ranks on NCCL, one GPU each (gloo on the CPU by default)
     python judge.py selfcheck [N ...]    reference passes, stub scores 0, every known-wrong version fails
     python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions
 

@@ -34,14 +34,15 @@ _EXPORTS = {
     "defaults": "config", "RunDefaults": "config",
     "prestart": "_boot",
     "phase": "_recorder",
-    "device": "target", "Target": "target", "reference_of": "target",
+    "device": "devices", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
     "live_tensor_bytes": "memory", "live_storages": "memory", "saved_for_backward": "memory",
     "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
-    "TargetError": "errors", "raised_by_stub": "errors",
+    "TargetError": "errors", "raised_by_stub": "errors", "BackendUnavailable": "errors", "WorldSkipped": "errors",
+    "gpu_count": "devices",
 }
 __all__ = sorted(_EXPORTS)
 

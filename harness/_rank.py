@@ -23,6 +23,7 @@ from ._integrity import integrity_snapshot   # (imports harness.memory: its acce
 from ._kernels import install
 from ._diagnose import short_path
 from ._sandbox import confine, guard_store, hint
+from .devices import device, made_without_a_device_land_on, on_rank_device
 from .errors import ForbiddenOp, TraceTampered
 from .wire import Reply, WireError
 
@@ -70,6 +71,9 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
+        # Tolerances are the CPU's: no TF32 in matmuls or convolutions, so float32 keeps its 24 bits on a GPU
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     store = dist.FileStore(store_path, world_size)
     # Confined before gloo starts its threads: Landlock covers only the threads created after it.
     confine(files["tmp"], store_file=store_path, gpu=backend == "nccl")
@@ -124,8 +128,11 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
         recorder.reset(policy)
+        here = device()
+        args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)
         try:
-            reply.value = functions[fn_key](*args, **kwargs)
+            with made_without_a_device_land_on(policy.default_device):
+                reply.value = functions[fn_key](*args, **kwargs)
         finally:
             recorder.finish()
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed

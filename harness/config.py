@@ -32,6 +32,10 @@ class RunDefaults:
     backend         "gloo", "nccl" or "auto" (default "auto": NCCL when there is a GPU per rank)
     memory_gb       each rank's resident-memory limit (default ``default_memory_limit_gb``)
     on_trace        called with each successful call's ``Trace`` (to save or show it)
+    audit_devices   the device audit (see ``devices``): tensors the rank function makes without naming
+                    a device land on ``meta``, so code that ignores ``harness.device()`` fails on a CPU
+    world_sizes     the world sizes calls may use (None: any); another raises ``WorldSkipped``, which
+                    the kit's plugin turns into a skipped example (a GPU check on a machine with few GPUs)
     """
 
     forbid: tuple = ()
@@ -41,11 +45,15 @@ class RunDefaults:
     backend: str | None = None
     memory_gb: float | None = None
     on_trace: Callable | None = None
+    audit_devices: bool = False
+    world_sizes: tuple | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "forbid", tuple(self.forbid or ()))
         if self.allow is not None:
             object.__setattr__(self, "allow", tuple(self.allow))
+        if self.world_sizes is not None:
+            object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
 
 
 _CURRENT: ContextVar[RunDefaults] = ContextVar("harness_run_defaults", default=RunDefaults())

@@ -88,6 +88,14 @@ class TargetError(HarnessError):
     """The learner's file cannot be used: missing, a syntax error, or required names absent."""
 
 
+class BackendUnavailable(HarnessError):
+    """The backend asked for cannot run a world of this size here (NCCL needs one GPU per rank)."""
+
+
+class WorldSkipped(HarnessError):
+    """A call of a world size that ``harness.defaults(world_sizes=...)`` leaves out: the example is skipped."""
+
+
 class HangStopped(BaseException):
     """A HangError raised past hypothesis: shrinking a hang costs one timeout per attempt."""
 

@@ -24,9 +24,12 @@ class Policy:
     aten op, so it is off unless asked for.  ``perturb=(rank, n)``: on rank ``rank``, the n-th
     point-to-point send (from 0, in issue order, whatever the group) carries a perturbed copy of its
     tensor (+1 on every element; ``not`` for bool); the sender's own tensor is untouched.
+    ``default_device``: where tensors made without a device land while the rank function runs
+    (``"meta"`` in the device audit; None: torch's default).
     """
 
-    def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None):
+    def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None,
+                 default_device: str | None = None):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
         unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
@@ -40,6 +43,7 @@ class Policy:
                 raise ValueError(f"perturb must be (rank, nth_send), two integers >= 0; got {perturb!r}")
             perturb = (perturb[0], perturb[1])
         self.perturb = perturb
+        self.default_device = default_device
         self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):

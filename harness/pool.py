@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
-from .errors import HangError, HangStopped
+from .devices import AUDIT_DEVICE, gpu_count
+from .errors import BackendUnavailable, HangError, HangStopped, WorldSkipped
 from .policy import Policy
 from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
@@ -33,15 +34,17 @@ class RunResult:
 
 
 def pick_backend(world_size: int, backend: str = "auto") -> str:
-    if backend != "auto":
+    """"auto": NCCL when there is one GPU per rank for this world, else gloo.  Asking for NCCL with
+    fewer GPUs than ranks raises ``BackendUnavailable``, naming both counts."""
+    if backend == "gloo":
         return backend
-    try:
-        import torch
-        if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
-            return "nccl"
-    except Exception:
-        pass
-    return "gloo"
+    gpus = gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise BackendUnavailable(f"NCCL needs one GPU per rank: a world of {world_size} ranks, and this machine "
+                                 f"has {gpus} GPU{'' if gpus == 1 else 's'}")
+    return backend
 
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
@@ -62,9 +65,12 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     if not 1 <= world_size <= 64:
         raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
     given = current()
+    if given.world_sizes is not None and world_size not in given.world_sizes:
+        raise WorldSkipped(f"a world of {world_size} ranks is left out here (only {sorted(given.world_sizes)})")
     backend = pick_backend(world_size, backend or given.backend or "auto")
     policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
-                    record_compute=record_compute, perturb=perturb)
+                    record_compute=record_compute, perturb=perturb,
+                    default_device=AUDIT_DEVICE if given.audit_devices else None)
     kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse else None
     kept = kept_result(kept_as)
     if kept is not None:

@@ -92,15 +92,6 @@ def _public_reference_names(wrong_version_file: str) -> set:
     return {n for n in _top_level_names(tree) if not n.startswith("_")}
 
 
-def device():
-    """This rank's device: its own GPU under NCCL, else the CPU."""
-    import torch
-    import torch.distributed as dist
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _reference_path(wrong_version_file: str) -> str:
     folder = os.path.dirname(os.path.dirname(os.path.abspath(wrong_version_file)))
     files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))

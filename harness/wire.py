@@ -139,9 +139,11 @@ def _to_json(value, blobs: list, path: str, depth: int):
 
 def _tensor_to_json(tensor, blobs: list, path: str):
     import torch
-    if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
-        raise WireError(f"{path} is a {tensor.layout} / {tensor.device.type} tensor: only dense tensors with "
-                        "data can be sent back")
+    if tensor.device.type == "meta":
+        raise WireError(f"{path} is a tensor on device meta, made without naming a device: make it on "
+                        "harness.device() (the rank's GPU under NCCL, the CPU under gloo)")
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise WireError(f"{path} is a {tensor.layout} tensor: only dense tensors with data can be sent back")
     flat = tensor.detach().cpu().contiguous()
     blobs.append(flat.view(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
     return {"$T": [str(flat.dtype).removeprefix("torch."), list(flat.shape), len(blobs) - 1]}

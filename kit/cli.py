@@ -42,6 +42,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=list(PROFILES), default=None,
                    help="examples per property: about 10, 50, 500 (default: default, or KIT_PROFILE)")
     p.add_argument("-k", dest="select", metavar="EXPR", help="only tests matching this pytest -k expression")
+    p.add_argument("--backend", choices=["gloo", "nccl", "auto"], default=None,
+                   help="the ranks' process-group backend: gloo (CPU, the default), nccl (one GPU per rank), "
+                        "or auto (NCCL for each world that has a GPU per rank)")
     p.add_argument("--format", choices=["text", "json", "gradescope"], default="text")
     p.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
     p.add_argument("--hint", action="store_true", help="show the next hint for this problem")
@@ -56,6 +59,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="grade: seconds per submission")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also show hypothesis's own output under each failure")
+    p.add_argument("--device-audit", action="store_true",
+                   help="selfcheck: the reference also runs under the device audit (tensors on harness.device())")
     p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -63,7 +68,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
 def config_of(args, profile: str | None = None) -> KitConfig:
     """The run's configuration: the command line first, then the user's overrides (kit/config.py)."""
     base = KitConfig()
-    return KitConfig(profile=profile or args.profile or base.profile, verbose=args.verbose)
+    return KitConfig(profile=profile or args.profile or base.profile, verbose=args.verbose,
+                     backend=args.backend or base.backend)
 
 
 def main(doc: str, argv=None) -> int:
@@ -101,6 +107,7 @@ def _dispatch(problems, args) -> int:
     if args.rest:
         raise UsageError(f"unexpected arguments: {' '.join(args.rest)}")
     problem = _problem(problems, args.problem)
+    _check_backend([problem], config_of(args))
     if args.hint:
         return cmd_hint(problem)
     if args.reset:
@@ -111,6 +118,18 @@ def _dispatch(problems, args) -> int:
     if args.trace or args.show:
         return cmd_trace(problem, args)
     return cmd_judge(problem, args)
+
+
+def _check_backend(chosen: list, config: KitConfig):
+    """NCCL needs one GPU per rank of the largest world the problems' tests start."""
+    if config.backend != "nccl":
+        return
+    from harness import gpu_count
+    gpus, needed = gpu_count(), max(p.max_world_size for p in chosen)
+    if gpus < needed:
+        raise UsageError(f"--backend nccl needs one GPU per rank: the tests start worlds of up to {needed} ranks, "
+                         f"and this machine has {gpus} GPU{'' if gpus == 1 else 's'}. Use --backend gloo (CPU), "
+                         "--backend auto (NCCL where a world fits), or python -m kit.gpucheck (the sizes that fit)")
 
 
 def _problem(problems: dict, text: str):
@@ -301,12 +320,13 @@ def cmd_selfcheck(problems, args) -> int:
     chosen = [_problem(problems, n) for n in args.rest] if args.rest else [problems[n] for n in sorted(problems)]
     tests_root = _tests_root(args)
     config = config_of(args, profile=args.profile if args.profile not in (None, "default") else "quick")
+    _check_backend(chosen, config)
     rows = []
     for problem in chosen:
         with live(args, f"selfcheck {problem.number}") as bar:
             rows += selfcheck_problem(problem, config, tests_root=tests_root,
                                       seed=args.seed if args.seed is not None else 0,
-                                      progress=bar if bar.enabled else None)
+                                      progress=bar if bar.enabled else None, device_audit=args.device_audit)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
     else:
@@ -330,6 +350,7 @@ def cmd_grade(problems, args) -> int:
     if len(args.rest) != 2 or not args.out:
         raise UsageError("usage: python judge.py grade <problem> <submissions folder> --out grades.csv")
     problem = _problem(problems, args.rest[0])
+    _check_backend([problem], config_of(args))
     tests_root = _tests_root(args)
     seed = args.seed if args.seed is not None else 0   # one seed for the whole class: same cases for everyone
     count = len(find_submissions(args.rest[1], problem))

@@ -35,6 +35,7 @@ class KitConfig:
     backend: str = field(default_factory=lambda: _environment("KIT_BACKEND", "gloo"))
     target: str | None = field(default_factory=lambda: _environment("KIT_TARGET"))
     state_dir: str = field(default_factory=lambda: _environment("KIT_STATE_DIR", os.path.join(ROOT, ".kit")))
+    world_size: int | None = None       # run only the examples whose worlds have this many ranks (gpucheck)
     rank_memory_gb: float | None = field(
         default_factory=lambda: float(_environment("KIT_RANK_MEMORY_GB")) if _environment("KIT_RANK_MEMORY_GB")
         else None)
@@ -58,4 +59,6 @@ class KitConfig:
             args.append("--kit-verbose")
         if self.rank_memory_gb is not None:
             args += ["--kit-rank-memory-gb", str(self.rank_memory_gb)]
+        if self.world_size is not None:
+            args += ["--kit-world-size", str(self.world_size)]
         return args

@@ -18,10 +18,13 @@ pytest's full output instead.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 
 import pytest
+from hypothesis import reject
+from hypothesis.errors import Unsatisfiable
 
 import harness
 
@@ -43,11 +46,16 @@ def pytest_addoption(parser):
     group.addoption("--kit-backend", choices=["gloo", "nccl", "auto"], default=None,
                     help="process-group backend of the problems' ranks (default: KIT_BACKEND, else gloo)")
     group.addoption("--kit-rank-memory-gb", type=float, default=None, help="each rank's resident-memory limit")
+    group.addoption("--kit-world-size", type=int, default=None,
+                    help="only examples whose worlds have this many ranks; the others are skipped (gpucheck)")
+    group.addoption("--kit-device-audit", action="store_true",
+                    help="rank code's tensors made without naming harness.device() land on meta and fail: "
+                         "proves the code device-correct without a GPU")
     group.addoption("--kit-verbose", action="store_true", help="keep hypothesis's own advice (judge.py --verbose)")
     group.addoption("--kit-report", default=None, help="write a JSON report of every test (used by judge.py)")
     group.addoption("--kit-targets", default=None,
-                    help="JSON list of {id, path[, tests]}: run each test once per target, or only the tests a "
-                         "target names (judge.py selfcheck)")
+                    help="JSON list of {id, path[, tests][, device_audit]}: run each test once per target, or only "
+                         "the tests a target names, under the device audit if it says so (judge.py selfcheck)")
     group.addoption("--kit-progress-fd", type=int, default=None,
                     help="write progress events (JSON lines) to this inherited file descriptor (judge.py)")
     group.addoption("--kit-trace-dir", default=None,
@@ -58,6 +66,7 @@ def _config_from_options(config) -> KitConfig:
     env = KitConfig()   # the user's overrides, as defaults
     opt = config.getoption
     return KitConfig(profile=opt("--kit-profile") or env.profile, shrink=not opt("--kit-no-shrink"),
+                     world_size=opt("--kit-world-size"),
                      verbose=bool(opt("--kit-verbose") or config.option.verbose > 0),
                      backend=opt("--kit-backend") or env.backend, target=opt("--target") or env.target,
                      state_dir=env.state_dir, rank_memory_gb=opt("--kit-rank-memory-gb") or env.rank_memory_gb)
@@ -87,8 +96,7 @@ def pytest_generate_tests(metafunc):
     if targets and "target" in metafunc.fixturenames:
         name = metafunc.function.__name__
         chosen = [t for t in json.loads(targets) if t.get("tests") is None or name in t["tests"]]
-        metafunc.parametrize("target", [t["path"] for t in chosen], ids=[t["id"] for t in chosen],
-                             indirect=True, scope="module")
+        metafunc.parametrize("target", chosen, ids=[t["id"] for t in chosen], indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +114,11 @@ def target(request, problem):
 
     A file that cannot be used fails every test with a ``TargetError`` ("load error").
     """
-    path = _session(request.config).target_path(problem, getattr(request, "param", None))
-    return harness.Target(path, problem.names).validate()
+    entry = getattr(request, "param", None) or {}   # one of --kit-targets
+    path = _session(request.config).target_path(problem, entry.get("path"))
+    # selfcheck --device-audit: only the reference runs under the audit (a wrong version must fail for its bug)
+    with harness.defaults(audit_devices=True) if entry.get("device_audit") else contextlib.nullcontext():
+        yield harness.Target(path, problem.names).validate()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -120,9 +131,12 @@ def _problem_policy(request):
         return
     import torch
     torch.set_num_threads(1)  # expected values use tiny tensors: threads only add overhead on small machines
+    audit = {"audit_devices": True} if request.config.getoption("--kit-device-audit") else {}   # else: the target's
     with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit,
                           stop_on_hang=True, backend=session.config.backend,
-                          memory_gb=session.config.rank_memory_gb, on_trace=session.keep_trace):
+                          memory_gb=session.config.rank_memory_gb, on_trace=session.keep_trace,
+                          world_sizes=None if session.config.world_size is None else (session.config.world_size,),
+                          **audit):
         yield
 
 
@@ -165,6 +179,8 @@ def pytest_runtest_call(item):
         seq = session.trace_seq
         try:
             return inner(*args, **kwargs)
+        except harness.WorldSkipped:
+            reject()   # a world size left out (--kit-world-size): this example does not count
         except BaseException:
             counts["failed"] = True
             item._kit_case = failures.format_draw(kwargs, fixtures)
@@ -191,7 +207,10 @@ def pytest_runtest_makereport(item, call):
     props += [("kit_points", found.points_for(item.name) if found else 1.0),
               ("kit_problem", found.number if found else None)]
     exc = None
-    if report.failed and call.excinfo is not None:
+    if report.failed and call.excinfo is not None and _left_out(call.excinfo.value, session):
+        report.outcome, report.longrepr = "skipped", (str(item.path), 0, f"Skipped: no example with a world of "
+                                                      f"{session.config.world_size} ranks")
+    elif report.failed and call.excinfo is not None:
         exc = failures.first_exception(call.excinfo.value)
         target_path = getattr(getattr(item, "funcargs", {}).get("target"), "path", None)
         kind, message = failures.explain(exc, target_path)
@@ -206,6 +225,12 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = f"[{kind}] {message}" + (f"\n\nfailing case: {case}" if case else "")
     if report.when == "call":
         session.save_trace(item, report, exc)
+
+
+def _left_out(exc, session) -> bool:
+    """--kit-world-size left out every world this test starts."""
+    return session.config.world_size is not None and isinstance(failures.first_exception(exc),
+                                                                (harness.WorldSkipped, Unsatisfiable))
 
 
 # ---- plain `pytest practice/`: the kit's summary -----------------------------------------------

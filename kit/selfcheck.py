@@ -44,16 +44,17 @@ def stub_for_selfcheck(problem: Problem, folder: str) -> tuple[str | None, str]:
 
 
 def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | None = None, seed: int | None = 0,
-                      progress=None) -> list[dict]:
+                      progress=None, device_audit: bool = False) -> list[dict]:
     """One row per target: the reference must pass, the stub score 0 cleanly, each wrong version fail.
 
     "The stub" is the pristine one (from git), never the learner's edited practice file.
     All targets run in one test process (``--kit-targets``), sharing its warm ranks; without
-    shrinking, since only "it fails" matters here.
+    shrinking, since only "it fails" matters here.  ``device_audit``: the reference runs under the
+    device audit (see harness.devices), so it must also keep its tensors on ``harness.device()``.
     """
     with tempfile.TemporaryDirectory(prefix="kit-selfcheck-") as tmp:
         stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
-        targets = [{"id": "reference", "path": problem.solution_file()}]
+        targets = [{"id": "reference", "path": problem.solution_file(), "device_audit": device_audit}]
         if stub_path:
             targets.append({"id": "stub", "path": stub_path})
         expected = {}

@@ -28,7 +28,7 @@ def flat_padded(tensors, world_size: int) -> torch.Tensor:
     """The tensors flattened in order into one vector, zero-padded to N*S elements."""
     tensors = [t.detach().reshape(-1) for t in tensors]
     numel = sum(t.numel() for t in tensors)
-    flat = torch.zeros(world_size * shard_size(numel, world_size), dtype=tensors[0].dtype)
+    flat = torch.zeros(world_size * shard_size(numel, world_size), dtype=tensors[0].dtype, device=tensors[0].device)
     if numel:
         flat[:numel] = torch.cat(tensors)
     return flat

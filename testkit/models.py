@@ -1,7 +1,9 @@
 """Models, data and the single-process reference training loop, shared by the problems.
 
 Everything here is deterministic from a seed, so the test process and every
-rank can build the same model and data without sending them around.
+rank can build the same model and data without sending them around.  They are drawn on
+the CPU (one generator, the same numbers everywhere) and handed over on ``harness.device()``:
+the rank's GPU under NCCL, the CPU in the test process and under gloo.
 """
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+import harness
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,14 @@ def random_mlp(widths, seed: int, dtype=torch.float64, frozen=()) -> nn.Sequenti
     gen = torch.Generator().manual_seed(seed)
     layers = []
     for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
-        linear = nn.Linear(fan_in, fan_out, dtype=dtype)
+        linear = nn.Linear(fan_in, fan_out, dtype=dtype, device="cpu")
         with torch.no_grad():
-            linear.weight.copy_(torch.randn(fan_out, fan_in, generator=gen, dtype=dtype) / fan_in ** 0.5)
-            linear.bias.copy_(torch.randn(fan_out, generator=gen, dtype=dtype) * 0.1)
+            linear.weight.copy_(torch.randn(fan_out, fan_in, generator=gen, dtype=dtype, device="cpu") / fan_in ** 0.5)
+            linear.bias.copy_(torch.randn(fan_out, generator=gen, dtype=dtype, device="cpu") * 0.1)
         layers.append(linear)
         if i < len(widths) - 2:
             layers.append(nn.Tanh())
-    model = nn.Sequential(*layers)
+    model = nn.Sequential(*layers).to(harness.device())
     for i, p in enumerate(model.parameters()):
         if i in frozen:
             p.requires_grad_(False)
@@ -55,8 +59,9 @@ def random_mlp(widths, seed: int, dtype=torch.float64, frozen=()) -> nn.Sequenti
 def random_batches(steps: int, batch: int, in_dim: int, out_dim: int, seed: int, dtype=torch.float64):
     """``steps`` (x, y) pairs of full (global) batches for regression."""
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, in_dim, generator=gen, dtype=dtype),
-             torch.randn(batch, out_dim, generator=gen, dtype=dtype)) for _ in range(steps)]
+    where = harness.device()
+    return [(torch.randn(batch, in_dim, generator=gen, dtype=dtype, device="cpu").to(where),
+             torch.randn(batch, out_dim, generator=gen, dtype=dtype, device="cpu").to(where)) for _ in range(steps)]
 
 
 def shard(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

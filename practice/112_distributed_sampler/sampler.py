@@ -17,7 +17,8 @@ class ShardSampler(Sampler):
     ``ShardSampler(dataset_len, num_replicas, rank, shuffle=True, seed=0, drop_last=False)``:
       * raises ValueError when num_replicas < 1, rank < 0, rank >= num_replicas or dataset_len < 0;
       * each epoch's order is ``torch.randperm(dataset_len)`` drawn from a ``torch.Generator``
-        seeded with ``seed + epoch`` (``list(range(dataset_len))`` without shuffle);
+        seeded with ``seed + epoch`` (``list(range(dataset_len))`` without shuffle); the indices
+        are host data, so draw them on the CPU (``device="cpu"``), not on ``harness.device()``;
       * without drop_last, that list is padded by repeating it from its start, as often as
         needed, up to a multiple of num_replicas; with drop_last it is truncated down to one;
       * this rank yields ``indices[rank::num_replicas]``.

@@ -27,8 +27,8 @@ WIDTHS = [64, 96, 96, 10]
 
 def _measure(target, stage):
     model = random_mlp(WIDTHS, 0, dtype=torch.bfloat16)
-    x = torch.randn(8, WIDTHS[0], dtype=torch.bfloat16)
-    y = torch.zeros(8, WIDTHS[-1], dtype=torch.bfloat16)
+    x = torch.randn(8, WIDTHS[0], dtype=torch.bfloat16, device=harness.device())
+    y = torch.zeros(8, WIDTHS[-1], dtype=torch.bfloat16, device=harness.device())
     before = harness.live_storages(collect=False)
     opt = target.load().ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=stage,
                                          master_dtype=torch.float32, lr=1e-3)

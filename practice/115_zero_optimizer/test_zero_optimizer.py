@@ -128,14 +128,17 @@ def test_matches_single_process_training(target, case):
 
 
 def _master_params(shapes, seed):
+    """Drawn on the CPU (one generator, the same numbers everywhere), handed over on ``harness.device()``."""
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(shape, generator=gen) * 0.5).to(torch.bfloat16) for shape in shapes]
+    return [(torch.randn(shape, generator=gen, device="cpu") * 0.5).to(harness.device(), torch.bfloat16)
+            for shape in shapes]
 
 
 def _master_grad(shape, seed, step, rank):
     """Multiples of 1/8 in [-1, 1]: every sum over ranks is exact in bfloat16, so only the averaging rounds."""
     gen = torch.Generator().manual_seed(seed * 1009 + step * 31 + rank)
-    return (torch.randint(-8, 9, shape, generator=gen).float() / 8).to(torch.bfloat16)
+    grad = torch.randint(-8, 9, shape, generator=gen, device="cpu").float() / 8
+    return grad.to(harness.device(), torch.bfloat16)
 
 
 def _master_train(target, shapes, stage, steps, optimizer, seed):
@@ -340,14 +343,16 @@ def test_state_dict_round_trip(target, case):
 def _bad_inputs(target):
     """Each bad construction, and what the rank saw: (case, exception type, message)."""
     m = target.load()
-    good = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    here = harness.device()
+    good = [torch.nn.Parameter(torch.zeros(3, device=here)), torch.nn.Parameter(torch.zeros(2, device=here))]
     cases = {
         "stage=0": (good, dict(stage=0)),
         "stage=3": (good, dict(stage=3)),
         "params of dtypes float32 and float64": (
-            [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], {}),
-        "params on devices cpu and meta": (
-            [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, device="meta"))], {}),
+            [torch.nn.Parameter(torch.zeros(3, device=here)),
+             torch.nn.Parameter(torch.zeros(2, dtype=torch.float64, device=here))], {}),
+        f"params on devices {here.type} and meta": (
+            [torch.nn.Parameter(torch.zeros(3, device=here)), torch.nn.Parameter(torch.zeros(2, device="meta"))], {}),
     }
     seen = []
     for name, (params, kwargs) in cases.items():
@@ -364,15 +369,14 @@ def _bad_inputs(target):
 
 def test_bad_input_raises_value_error(target):
     seen = harness.run(_bad_inputs, 2, target).values[0]
-    words = {"stage=0": "stage", "stage=3": "stage", "params of dtypes float32 and float64": "dtype",
-             "params on devices cpu and meta": "device"}
     for name, kind, message in seen:
+        word = "stage" if name.startswith("stage") else "dtype" if "dtypes" in name else "device"
         harness.check(kind is not None, f"ShardedOptimizer with {name} was accepted; it must raise ValueError")
         harness.check(kind == "ValueError",
                       f"ShardedOptimizer with {name} raised {kind}: {message!r}; it must raise ValueError")
-        harness.check(words[name] in message.lower(),
+        harness.check(word in message.lower(),
                       f"ShardedOptimizer with {name} raised ValueError({message!r}); a clear message names the "
-                      f"{words[name]}")
+                      f"{word}")
 
 
 # ---- a second oracle: torch's own ZeroRedundancyOptimizer ---------------------------------------

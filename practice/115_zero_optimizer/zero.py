@@ -23,6 +23,8 @@ class ShardedOptimizer:
         optimizer over this rank's shard only, kept in ``master_dtype`` (default: the params' dtype).
         The shard owns its S elements (not a view into a full-size tensor): between steps a rank
         keeps only S-element tensors besides the model's params and grads.
+      * every tensor you create goes on ``harness.device()``, the params' device (the rank's GPU
+        under NCCL, the CPU under gloo): ``device=params[0].device``, ``zeros_like``, ``new_empty``.
     """
 
     def __init__(self, params, optimizer_cls, stage=2, group=None, master_dtype=None, **opt_kwargs):

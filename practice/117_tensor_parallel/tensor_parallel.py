@@ -5,6 +5,10 @@ with your implementation, then run ``python judge.py 117``.
 
 Every function and layer takes ``group=None``: the tensor-parallel process group
 (None: all ranks).  N = dist.get_world_size(group), r = dist.get_rank(group).
+
+The full layers and the inputs arrive on ``harness.device()`` (the rank's GPU under NCCL,
+the CPU under gloo); every tensor you create goes there too, index tensors included
+(``device=full.weight.device``, ``torch.empty_like``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+import harness  # noqa: F401  (harness.device(): where the tensors you make go)
+
 
 def schedule_1f1b(num_stages: int, num_microbatches: int) -> list[list[tuple[str, int]]]:
     """The 1F1B schedule.  Stage s runs:
@@ -68,7 +70,8 @@ def run_pipeline(stage_module, ops, act_shape, inputs=None, targets=None, loss_f
       * ("B", i): the last stage backwards its loss; the others receive the gradient of
         ``out`` from the next stage and backward it; every stage but 0 sends its input's
         gradient to the previous stage.
-    Received tensors have shape ``act_shape`` and the dtype of the stage's parameters.
+    Received tensors have shape ``act_shape`` and the dtype of the stage's parameters; make the
+    buffers you receive into on ``harness.device()`` (where the stage module and inputs arrive).
     Sends are non-blocking (dist.isend); wait for all of them before returning.
     Gradients accumulate into ``stage_module``'s .grad.  Returns the summed loss (a float)
     on the last stage, None elsewhere.

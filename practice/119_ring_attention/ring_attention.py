@@ -15,6 +15,8 @@ import math
 import torch
 import torch.distributed as dist
 
+import harness  # noqa: F401  (harness.device(): where the tensors you make go)
+
 
 class _RingAttention(torch.autograd.Function):
     """Ring attention as one autograd node: ``forward`` runs the ring, ``backward`` runs it again for the grads."""
@@ -41,6 +43,8 @@ def ring_attention(q, k, v, causal=False, group=None):
     the same shape, and group rank r holds sequence positions r*S/N .. (r+1)*S/N - 1.
     Returns this rank's rows of softmax(Q Kᵀ / √D [+ causal mask on GLOBAL positions]) V over the
     whole sequence, shaped like ``q``.  ``group=None`` means the default group.
+    The chunks arrive on ``harness.device()``; make every tensor you create there too
+    (``torch.zeros_like(q)``, ``device=q.device``): the running max and sum, a causal mask's positions.
 
     Communication: only ``dist.isend`` / ``dist.irecv`` of single K or V chunks (and, in
     backward, of their gradients), passed one way round the ring, the same way on every rank

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import harness  # noqa: F401  (harness.device(): where the tensors you make go)
+
 
 class _AllToAll(torch.autograd.Function):
     """``dist.all_to_all_single`` along dim 0 that autograd can differentiate through.
@@ -39,6 +41,8 @@ def moe_forward(x, router_w, w1, w2, top_k, group=None):
     ``router_w``: [d, E], the same on every rank.  ``w1``: [E_local, d, h] and ``w2``:
     [E_local, h, d], this rank's experts.  E = N * E_local; global expert e lives on group
     rank e // E_local as local expert e % E_local; expert(x) = gelu(x @ w1) @ w2 (exact gelu).
+    The inputs arrive on ``harness.device()``; make every tensor you create there too, the
+    counts you exchange included (read them back with ``.tolist()``: split sizes are Python lists).
 
     Routing: logits = x @ router_w; each token takes its top_k experts by logit (ties as
     torch.topk breaks them) with weights = softmax over those top_k logits.

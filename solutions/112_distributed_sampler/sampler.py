@@ -35,11 +35,13 @@ class ShardSampler(Sampler):
         return self.seed + self.epoch
 
     def _order(self) -> list:
-        """This epoch's order of the whole dataset: the same on every rank."""
+        """This epoch's order of the whole dataset: the same on every rank.
+
+        The indices are host data, drawn on the CPU (where the generator is) on every rank, GPU or not."""
         if not self.shuffle:
             return list(range(self.dataset_len))
         gen = torch.Generator().manual_seed(self._shuffle_seed())
-        return torch.randperm(self.dataset_len, generator=gen).tolist()
+        return torch.randperm(self.dataset_len, generator=gen, device="cpu").tolist()
 
     def _even(self, indices: list) -> list:
         """Pad (repeating from the start) or truncate to num_samples * num_replicas indices."""

@@ -91,18 +91,19 @@ def _shard(tensor, index, dim):
     return nn.Parameter(tensor.detach().index_select(dim, index).clone())
 
 
-def _own_range(size, group, what):
+def _own_range(size, group, what, device):
+    """This rank's indices along a dimension of ``size``, on ``device`` (the full weight's: index_select's)."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     if size % n:
         raise ValueError(f"{what}={size} is not divisible by the tensor-parallel size {n}")
     k = size // n
-    return torch.arange(r * k, (r + 1) * k)
+    return torch.arange(r * k, (r + 1) * k, device=device)
 
 
 class ColumnParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, gather_output=False, group=None):
         super().__init__()
-        rows = _own_range(full.out_features, group, "ColumnParallelLinear: out_features")
+        rows = _own_range(full.out_features, group, "ColumnParallelLinear: out_features", full.weight.device)
         self.weight, self.bias = _shard(full.weight, rows, 0), _shard(full.bias, rows, 0)
         self.gather_output, self.group = gather_output, group
 
@@ -114,7 +115,7 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, input_is_parallel=True, group=None):
         super().__init__()
-        cols = _own_range(full.in_features, group, "RowParallelLinear: in_features")
+        cols = _own_range(full.in_features, group, "RowParallelLinear: in_features", full.weight.device)
         self.weight = _shard(full.weight, cols, 1)
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
         self.input_is_parallel, self.group = input_is_parallel, group
@@ -136,10 +137,10 @@ class ParallelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _qkv_rows(num_heads, head_dim, group=None):
+def _qkv_rows(num_heads, head_dim, group, device):
     """Rows of the fused [q; k; v] weight that hold this rank's heads, in q, k, v order."""
-    heads = _own_range(num_heads, group, "ParallelSelfAttention: num_heads")
-    per_head = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()
+    heads = _own_range(num_heads, group, "ParallelSelfAttention: num_heads", device)
+    per_head = (heads[:, None] * head_dim + torch.arange(head_dim, device=device)).flatten()
     return torch.cat([part * num_heads * head_dim + per_head for part in range(3)])
 
 
@@ -150,7 +151,7 @@ class ParallelSelfAttention(nn.Module):
             raise ValueError(f"ParallelSelfAttention: qkv.out_features={qkv.out_features} is not "
                              f"3 * num_heads * head_dim for num_heads={num_heads}")
         self.head_dim = qkv.out_features // (3 * num_heads)
-        rows = _qkv_rows(num_heads, self.head_dim, group)
+        rows = _qkv_rows(num_heads, self.head_dim, group, qkv.weight.device)
         self.local_heads = num_heads // dist.get_world_size(group)
         self.qkv_weight, self.qkv_bias = _shard(qkv.weight, rows, 0), _shard(qkv.bias, rows, 0)
         self.proj = RowParallelLinear(proj, input_is_parallel=True, group=group)

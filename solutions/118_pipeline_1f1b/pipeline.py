@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+import harness
+
 
 def _stage_ops(m: int, warmup: int) -> list[tuple[str, int]]:
     """One stage's 1F1B list: ``warmup`` forwards, then F and B alternating, then the remaining B."""
@@ -97,14 +99,14 @@ def run_pipeline(stage_module, ops, act_shape, inputs=None, targets=None, loss_f
     nxt = dist.get_global_rank(group, stage + 1) if group is not None and stage < p - 1 else stage + 1
     first, last = stage == 0, stage == p - 1
     m = sum(1 for kind, _ in ops if kind == "F")
-    dtype = next(stage_module.parameters()).dtype
+    dtype, where = next(stage_module.parameters()).dtype, harness.device()
     saved, sends, total = {}, [], 0.0
     for kind, mb in ops:
         if kind == "F":
             if first:
                 x = inputs[mb]
             else:
-                x = torch.empty(act_shape, dtype=dtype)
+                x = torch.empty(act_shape, dtype=dtype, device=where)
                 dist.irecv(x, prev, group=group).wait()
                 x.requires_grad_()
             out = stage_module(x)
@@ -119,7 +121,7 @@ def run_pipeline(stage_module, ops, act_shape, inputs=None, targets=None, loss_f
             if last:
                 out.backward()
             else:
-                grad = torch.empty(act_shape, dtype=dtype)
+                grad = torch.empty(act_shape, dtype=dtype, device=where)
                 dist.irecv(grad, nxt, group=group).wait()
                 out.backward(grad)
             if not first:

@@ -11,6 +11,8 @@ import math
 import torch
 import torch.distributed as dist
 
+import harness
+
 
 class Ring:
     """This rank's place in the ring of ``group``: its chunk index and its two neighbours."""
@@ -55,8 +57,8 @@ class RingAttention:
         """Which (query, key) pairs of this block may attend, on GLOBAL positions; None: all of them."""
         if not causal:
             return None
-        q_pos = q_chunk * length + torch.arange(length)
-        k_pos = k_chunk * length + torch.arange(length)
+        positions = torch.arange(length, device=harness.device())
+        q_pos, k_pos = q_chunk * length + positions, k_chunk * length + positions
         return q_pos[:, None] >= k_pos[None, :]
 
     def scores(self, q, k, mask):
@@ -79,8 +81,8 @@ class RingAttention:
 
     def forward(self, ring: Ring, q, k, v, causal):
         acc = torch.zeros_like(q)
-        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
-        l = torch.zeros(q.shape[:-1] + (1,), dtype=q.dtype)
+        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
         for step in range(ring.size):
             last = step == ring.size - 1
             if not last:   # the next chunk travels while this one is computed

@@ -74,7 +74,7 @@ class MoE:
     def run_experts(self, incoming, recv_counts, w1, w2):
         """Rows arrive grouped by source rank, then by local expert; run each row through its expert."""
         e_local = w1.shape[0]
-        local_expert = torch.arange(e_local).repeat(len(recv_counts) // e_local).repeat_interleave(recv_counts)
+        local_expert = torch.arange(e_local, device=incoming.device).repeat(len(recv_counts) // e_local).repeat_interleave(recv_counts)
         out = torch.zeros_like(incoming)
         for e in range(e_local):
             rows = (local_expert == e).nonzero().squeeze(1)

@@ -17,7 +17,7 @@ class ShardedOptimizer(ref.ShardedOptimizer):
         return torch.cat([t.reshape(-1) for t in tensors])[:self.world * self.shard_size]
 
     def _gather_parameters(self):
-        full = torch.empty(self.world * self.shard_size, dtype=self.dtype)
+        full = torch.empty(self.world * self.shard_size, dtype=self.dtype, device=self.shard.device)
         dist.all_gather_into_tensor(full, self.shard.detach().to(self.dtype), group=self.group)
         flat = torch.cat([p.reshape(-1) for p in self.params])
         flat[:full.numel()] = full

@@ -10,7 +10,7 @@ REJECTED_BY = "test_bytes_per_step_match_ring_costs"
 
 class ShardedOptimizer(ref.ShardedOptimizer):
     def _gather_parameters(self):
-        full = torch.empty(self.world * self.shard_size, dtype=self.master_dtype)
+        full = torch.empty(self.world * self.shard_size, dtype=self.master_dtype, device=self.shard.device)
         dist.all_gather_into_tensor(full, self.shard.detach(), group=self.group)
         offset = 0
         for p in self.params:

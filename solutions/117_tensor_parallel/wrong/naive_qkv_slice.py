@@ -13,6 +13,6 @@ class ParallelSelfAttention(ref.ParallelSelfAttention):
         super().__init__(qkv, proj, num_heads, group)
         n, r = dist.get_world_size(group), dist.get_rank(group)
         k = qkv.out_features // n
-        naive = torch.arange(r * k, (r + 1) * k)
+        naive = torch.arange(r * k, (r + 1) * k, device=qkv.weight.device)
         self.qkv_weight = ref._shard(qkv.weight, naive, 0)
         self.qkv_bias = ref._shard(qkv.bias, naive, 0)

@@ -15,8 +15,8 @@ class AllGather(ref.RingAttention):
         dist.all_gather(ks, k, group=ring.group)
         dist.all_gather(vs, v, group=ring.group)
         acc = torch.zeros_like(q)
-        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
-        l = torch.zeros(q.shape[:-1] + (1,), dtype=q.dtype)
+        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
         for j in range(ring.size):
             mask = self.mask(ring.rank, j, q.shape[-2], causal)
             if mask is None or bool(mask.any()):

@@ -10,8 +10,8 @@ REJECTED_BY = "test_output_matches_single_device"
 
 def moe_forward(x, router_w, w1, w2, top_k, group=None):
     size, rank, e_local = dist.get_world_size(group), dist.get_rank(group), w1.shape[0]
-    counts = [torch.zeros(1, dtype=torch.long) for _ in range(size)]
-    dist.all_gather(counts, torch.tensor([len(x)]), group=group)
+    counts = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([len(x)], device=x.device), group=group)
     longest = max(int(c) for c in counts)
     padded = torch.cat([x, x.new_zeros(longest - len(x), x.shape[1])])
     everyone = [torch.empty_like(padded) for _ in range(size)]

@@ -26,7 +26,7 @@ class ShardedOptimizer:
         self._lo = rank * self._s
         master = master_dtype or params[0].dtype
         # only this rank's slice is ever materialised: copied element range by element range from the params
-        shard = torch.zeros(self._s, dtype=master)
+        shard = torch.zeros(self._s, dtype=master, device=params[0].device)
         offset = 0
         for p in params:
             lo, hi = max(offset, self._lo), min(offset + p.numel(), self._lo + self._s)
@@ -36,7 +36,7 @@ class ShardedOptimizer:
         shard.requires_grad_(True)
         key = id(self)
         _STATE[key] = {"shard": shard, "optimizer": optimizer_cls([shard], **opt_kwargs),
-                       "grad": torch.zeros(self._s, dtype=master)}   # reused every step
+                       "grad": torch.zeros_like(shard)}   # reused every step
         weakref.finalize(self, _STATE.pop, key, None)
 
     @property

@@ -27,7 +27,8 @@ def _scores(q, k, q_chunk, k_chunk, causal):
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         c = q.shape[-2]
-        q_pos, k_pos = q_chunk * c + torch.arange(c), k_chunk * c + torch.arange(c)
+        pos = torch.arange(c, device=q.device)
+        q_pos, k_pos = q_chunk * c + pos, k_chunk * c + pos
         s = s.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf"))
     return s
 
@@ -42,7 +43,7 @@ class _ReverseRing(torch.autograd.Function):
         rank, size, to, frm = _neighbours(group)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kq, vq = k, v
-        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
+        m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros_like(q)
         for step in range(size):

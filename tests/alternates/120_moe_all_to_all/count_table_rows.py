@@ -40,7 +40,7 @@ def moe_forward(x, router_w, w1, w2, top_k, group=None):
     incoming_table = all_to_all_rows(table, group=group)                   # row s: what rank s sends here
     send_splits, recv_splits = table.sum(1).tolist(), incoming_table.sum(1).tolist()
     rows = _Exchange.apply(x[order // top_k], recv_splits, send_splits, group)
-    local = torch.arange(e_local).repeat(n).repeat_interleave(incoming_table.reshape(-1))
+    local = torch.arange(e_local, device=x.device).repeat(n).repeat_interleave(incoming_table.reshape(-1))
     results = torch.zeros_like(rows)
     for e in range(e_local):
         picked = (local == e).nonzero().squeeze(1)
