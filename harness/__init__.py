@@ -2,16 +2,17 @@
 
 Public API -- problems, the test helpers and the judge app use only these names:
 
-    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, record_compute=, perturb=)
-                                  -> RunResult(values, trace)
+    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, record_compute=, perturb=,
+        reuse=, count_flops=)     -> RunResult(values, trace, flops)
     per_rank(values), PerRank     an argument of run that rank r receives as values[r], and no other rank sees
     defaults(**fields)            a context manager: what run uses for what a call leaves out, for the block;
                                   the fields are RunDefaults's (forbid, allow, timeout, stop_on_hang, backend,
-                                  memory_gb, on_trace: called with each successful call's Trace)
+                                  memory_gb, on_trace: called with each successful call's Trace,
+                                  audit_devices: the device audit, world_sizes: the sizes calls may use)
     pick_backend(world_size, backend="auto"), shutdown(), prestart()   the pool: its backend, stopping it,
                                   starting the torch-preloaded forkserver early
     phase(name, step=None)        mark a region inside a rank function
-    device()                      this rank's device (cuda:rank under NCCL, else cpu)
+    device(), gpu_count()         this rank's device (cuda:rank under NCCL, else cpu); the GPUs here
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
     assert_close, check, PropertyFailed      plain-words property checks
     expect_type(value, "list[list[int]]", "make_buckets(sizes, cap)"), WrongType
@@ -19,7 +20,8 @@ Public API -- problems, the test helpers and the judge app use only these names:
     live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
     CommOp, PhaseSpan, Trace, to_chrome      the trace of a call, and the same as Chrome trace-event JSON
     errors: HarnessError, HangError, HangStopped, RankError, NotImplementedYet, RankCrashed, ForbiddenOp,
-            TraceTampered, TargetError, raised_by_stub   (``harness.errors`` is public too; a rank's
+            TraceTampered, TargetError, BackendUnavailable, WorldSkipped, raised_by_stub
+                                  (``harness.errors`` is public too; a rank's
             failure renders its whole report with ``exc.render()``)
 
 The engine reads no environment variable and imports nothing from the judge app: its

@@ -5,6 +5,7 @@ and the optimizers' lazy torch._dynamo happens once, not once per rank.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -17,6 +18,7 @@ from datetime import timedelta
 import cloudpickle
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
 from ._integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
@@ -130,11 +132,14 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
         recorder.reset(policy)
         here = device()
         args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)
+        counter = FlopCounterMode(display=False) if policy.count_flops else contextlib.nullcontext()
         try:
-            with made_without_a_device_land_on(policy.default_device):
+            with made_without_a_device_land_on(policy.default_device), counter:
                 reply.value = functions[fn_key](*args, **kwargs)
         finally:
             recorder.finish()
+        if policy.count_flops:
+            reply.flops = int(counter.get_total_flops())
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
             raise ForbiddenOp(recorder.policy.refused)
         verify_tracer()

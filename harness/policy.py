@@ -25,11 +25,12 @@ class Policy:
     point-to-point send (from 0, in issue order, whatever the group) carries a perturbed copy of its
     tensor (+1 on every element; ``not`` for bool); the sender's own tensor is untouched.
     ``default_device``: where tensors made without a device land while the rank function runs
-    (``"meta"`` in the device audit; None: torch's default).
+    (``"meta"`` in the device audit; None: torch's default).  ``count_flops``: count the floating-point
+    operations the rank function runs (torch's ``FlopCounterMode``: matmuls, convolutions, attention).
     """
 
     def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None,
-                 default_device: str | None = None):
+                 default_device: str | None = None, count_flops: bool = False):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
         unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
@@ -44,6 +45,7 @@ class Policy:
             perturb = (perturb[0], perturb[1])
         self.perturb = perturb
         self.default_device = default_device
+        self.count_flops = bool(count_flops)
         self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):

@@ -28,6 +28,7 @@ _WORLDS: dict[tuple, World] = {}
 class RunResult:
     values: list          # each rank's return value, by rank
     trace: Trace
+    flops: list | None = None   # each rank's floating-point operations, measured on the rank (``count_flops``)
 
     def __iter__(self):   # allows ``values, trace = harness.run(...)``
         return iter((self.values, self.trace))
@@ -49,7 +50,7 @@ def pick_backend(world_size: int, backend: str = "auto") -> str:
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
         backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
-        perturb: tuple | None = None, reuse: bool = False, **kwargs) -> RunResult:
+        perturb: tuple | None = None, reuse: bool = False, count_flops: bool = False, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
@@ -57,6 +58,8 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     raises ``ForbiddenOp``.  ``record_compute`` fills each op's ``compute_between``; ``perturb=(rank, n)``
     makes that rank's n-th point-to-point send carry a perturbed copy (see ``Policy``).
     ``reuse=True`` returns an identical earlier call's result again, without running (see ``reuse``).
+    ``count_flops=True`` fills ``RunResult.flops``: each rank's floating-point operations, counted by the
+    harness around the rank function (torch's ``FlopCounterMode``), never reported by the code under test.
     Arguments left out (None) come from ``harness.defaults``.
     Raises ``RankError`` (``NotImplementedYet`` for a
     stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
@@ -70,7 +73,7 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     backend = pick_backend(world_size, backend or given.backend or "auto")
     policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
                     record_compute=record_compute, perturb=perturb,
-                    default_device=AUDIT_DEVICE if given.audit_devices else None)
+                    default_device=AUDIT_DEVICE if given.audit_devices else None, count_flops=count_flops)
     kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse else None
     kept = kept_result(kept_as)
     if kept is not None:
@@ -85,7 +88,7 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
     try:
-        values, trace = world.call(fn, args, kwargs, policy, timeout, memory_gb)
+        values, trace, flops = world.call(fn, args, kwargs, policy, timeout, memory_gb)
     except BaseException as error:
         if not getattr(error, "world_reusable", False):
             _WORLDS.pop(key, None)
@@ -95,14 +98,14 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
             if given.stop_on_hang:
                 raise HangStopped(error) from None
         raise
-    keep_result(kept_as, values, trace)
-    return _result(values, trace, given)
+    keep_result(kept_as, values, trace, flops)
+    return _result(values, trace, flops, given)
 
 
-def _result(values: list, trace: Trace, given) -> RunResult:
+def _result(values: list, trace: Trace, flops: list | None, given) -> RunResult:
     if given.on_trace is not None:
         given.on_trace(trace)
-    return RunResult(values, trace)
+    return RunResult(values, trace, flops)
 
 
 def _describe_call(fn, args, kwargs, limit: int = 400) -> str:

@@ -49,18 +49,18 @@ def _targets(value):
 
 
 def kept_result(key: str | None):
-    """(values, trace) of the call named ``key``, values copied; None when it was not kept."""
+    """(values, trace, flops) of the call named ``key``, values copied; None when it was not kept."""
     if key is None or key not in _KEPT:
         return None
     _KEPT.move_to_end(key)
-    values, trace = _KEPT[key]
-    return copy.deepcopy(values), trace
+    values, trace, flops = _KEPT[key]
+    return copy.deepcopy(values), trace, flops
 
 
-def keep_result(key: str | None, values: list, trace):
+def keep_result(key: str | None, values: list, trace, flops=None):
     if key is None:
         return
-    _KEPT[key] = (copy.deepcopy(values), trace)
+    _KEPT[key] = (copy.deepcopy(values), trace, flops)
     while len(_KEPT) > _LIMIT:
         _KEPT.popitem(last=False)
 

@@ -153,8 +153,8 @@ class World:
                 self.over_memory[r] = (used, limit_gb)
                 p.kill()
 
-    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple[list, Trace]:
-        """Run ``fn`` on every rank: (each rank's value, the trace).  Raises what went wrong, in plain words."""
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple[list, Trace, list]:
+        """Run ``fn`` on every rank: (each rank's value, the trace, each rank's FLOPs or None).  Raises what went wrong, in plain words."""
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
         token = os.urandom(16)  # a reply without it was not written by the rank loop
@@ -238,7 +238,8 @@ class World:
             raise
         if retire:
             self.close()   # ``run`` builds a fresh world for the next call
-        return [replies[r].value for r in range(self.world_size)], trace
+        flops = [replies[r].flops for r in range(self.world_size)]
+        return [replies[r].value for r in range(self.world_size)], trace, None if None in flops else flops
 
     def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
         try:

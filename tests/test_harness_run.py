@@ -268,3 +268,15 @@ def test_reuse_returns_an_identical_calls_result_without_running_it(tmp_path):
         harness.run(_fails_sometimes, 1, True, reuse=True)
     harness.shutdown()   # a new session forgets what was kept
     assert harness.run(_draw_and_load, 2, target, reuse=True).values != edited
+
+
+def _square_matmul(n):
+    q = torch.ones(n, 8, device=harness.device())
+    return (q @ q.T).shape[0]
+
+
+def test_count_flops_is_measured_on_each_rank_by_the_harness():
+    """#17: balance properties read FLOPs the harness counted around the rank function, not numbers the code reports."""
+    result = harness.run(_square_matmul, 2, harness.per_rank([4, 8]), count_flops=True)
+    assert result.flops == [2 * 4 * 8 * 4, 2 * 8 * 8 * 8]
+    assert harness.run(_square_matmul, 2, 4).flops is None   # only when asked
