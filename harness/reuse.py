@@ -15,8 +15,13 @@ import hashlib
 import os
 from collections import OrderedDict
 
+import io
+import pickle
+import sys
+
+import cloudpickle
+
 from .target import Target
-from .wire import dumps
 
 _KEPT: OrderedDict = OrderedDict()
 _LIMIT = 256   # calls kept; a property's examples fit, and every value is small
@@ -25,8 +30,11 @@ _LIMIT = 256   # calls kept; a property's examples fit, and every value is small
 def call_key(fn, world_size: int, backend: str, args: tuple, kwargs: dict, policy) -> str | None:
     """A digest that names the call, or None when its arguments cannot be pickled (then it is not kept)."""
     try:
-        pickled = dumps((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None), world_size, backend,
-                         args, sorted(kwargs.items()), policy))
+        buffer = io.BytesIO()
+        _ContentPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
+            (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None), world_size, backend, args,
+             sorted(kwargs.items()), policy))
+        pickled = buffer.getvalue()
     except Exception:
         return None
     digest = hashlib.sha256(pickled)
@@ -35,6 +43,24 @@ def call_key(fn, world_size: int, backend: str, args: tuple, kwargs: dict, polic
         st = os.stat(target.path)
         digest.update(f"{target.path}:{st.st_mtime_ns}:{st.st_size}".encode())
     return digest.hexdigest()
+
+
+class _ContentPickler(cloudpickle.Pickler):
+    """Tensors pickled by what they hold: torch's own pickle of two equal tensors differs (storage keys),
+    so every freshly drawn case would look new."""
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided \
+                and obj.device.type != "meta":
+            data = obj.detach().cpu().contiguous()
+            raw = data.view(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+            return _content, (type(obj).__name__, str(data.dtype), tuple(data.shape), obj.requires_grad, raw)
+        return super().reducer_override(obj)
+
+
+def _content(*fields):   # never called: the pickle is only digested
+    return fields
 
 
 def _targets(value):

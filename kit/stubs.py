@@ -13,7 +13,8 @@ from .report import relative
 
 
 def is_stub(source: str, names) -> bool:
-    """Every public function raises NotImplementedError, and every public class has such a method."""
+    """Every public function raises NotImplementedError, and every public class has such a method, except
+    an exception class the stub gives whole (``class ScheduleDeadlock(RuntimeError): ...``)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -27,10 +28,16 @@ def is_stub(source: str, names) -> bool:
         node = found.get(name)
         if isinstance(node, ast.FunctionDef) and not raises_nie(node):
             return False
-        if isinstance(node, ast.ClassDef) and not any(
+        if isinstance(node, ast.ClassDef) and not _given_exception(node) and not any(
                 isinstance(m, ast.FunctionDef) and raises_nie(m) for m in node.body):
             return False
     return any(isinstance(n, ast.Raise) for n in ast.walk(tree))
+
+
+def _given_exception(node: ast.ClassDef) -> bool:
+    """A class with an exception base (``...Error``, ``...Exception``, ``...Warning``) and no method of its own."""
+    exception_base = any(ast.unparse(b).endswith(("Error", "Exception", "Warning")) for b in node.bases)
+    return exception_base and not any(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) for m in node.body)
 
 
 def pristine_stub(problem: Problem) -> str:

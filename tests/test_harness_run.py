@@ -280,3 +280,14 @@ def test_count_flops_is_measured_on_each_rank_by_the_harness():
     result = harness.run(_square_matmul, 2, harness.per_rank([4, 8]), count_flops=True)
     assert result.flops == [2 * 4 * 8 * 4, 2 * 8 * 8 * 8]
     assert harness.run(_square_matmul, 2, 4).flops is None   # only when asked
+
+
+def _random_tag(x):
+    return os.urandom(8).hex(), float(x.sum())
+
+
+def test_reuse_knows_equal_tensors_drawn_afresh():
+    """Each hypothesis example builds its tensors anew: equal contents must name the same call."""
+    first = harness.run(_random_tag, 2, torch.arange(6.0), reuse=True).values
+    assert harness.run(_random_tag, 2, torch.arange(6.0), reuse=True).values == first
+    assert harness.run(_random_tag, 2, torch.arange(6.0) + 1, reuse=True).values != first
