@@ -16,8 +16,6 @@ def prestart():
     forkserver.ensure_running()
 
 
-start_forkserver = prestart
-
 
 class _Popen(popen_forkserver.Popen):
     """Forkserver launch that does not re-run the caller's main module in each rank.

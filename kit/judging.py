@@ -1,8 +1,8 @@
-"""Judge one target against one problem's tests: run pytest in a fresh process, score its report.
+"""Judge one target against one problem's tests: run pytest in a test process, score its report.
 
-judge.py and its workflows (selfcheck, grade, watch) build on ``judge_once``.
-The test process is always a fresh subprocess, so edits are picked up and a
-crash or hang in it can never take the judge down.
+judge.py and its workflows (selfcheck, grade, watch) build on ``judge_once``.  The test process is
+a subprocess (a fresh one by default; --watch reuses one warm process, see ``kit.warm``), so a crash
+or hang in it can never take the judge down, and the learner's file is only ever loaded in its ranks.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class Verdict:
 
 def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
-                   maxfail: int | None = None, trace_dir: str | None = None) -> list:
+                   trace_dir: str | None = None) -> list:
     cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "kit.plugin",
            "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"), "--kit-report", report,
            "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider", *config.pytest_args()]
@@ -97,8 +97,6 @@ def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: st
         cmd += [f"--hypothesis-seed={seed}"]
     if select:
         cmd += ["-k", select]
-    if maxfail:
-        cmd += [f"--maxfail={maxfail}"]
     if trace_dir:
         cmd += ["--kit-trace-dir", trace_dir]
     return cmd
@@ -173,7 +171,7 @@ def env_for_tests() -> dict:
 
 
 def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: str | None = None,
-               seed: int | None = None, select: str | None = None, maxfail: int | None = None,
+               seed: int | None = None, select: str | None = None,
                targets: list | None = None, timeout: float = 1800, progress=None,
                trace_dir: str | None = None, runner=run_pytest) -> Verdict:
     """Run one problem's tests on ``target`` (or ``targets``) in a test process and score them.
@@ -191,7 +189,7 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
     with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = pytest_command(config, tests_dir, report, target=target, targets=targets, seed=seed,
-                             select=select, maxfail=maxfail, trace_dir=trace_dir)
+                             select=select, trace_dir=trace_dir)
         started = time.perf_counter()
         done = runner(cmd, env_for_tests(), timeout, report, progress)
         elapsed = time.perf_counter() - started

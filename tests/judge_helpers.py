@@ -54,3 +54,20 @@ BUGGY_MAKE_BUCKETS = '''    buckets, current, used = [], [], 0
         buckets.append(current)
     return buckets
 '''
+
+
+def hidden_tests(tmp_path, source: str, file: str = "test_hidden.py") -> str:
+    """A hidden test set laid out like practice/, holding one test file for problem 113; returns its root."""
+    folder = tmp_path / "hidden" / "113_ddp_buckets"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / file).write_text(source)
+    return str(tmp_path / "hidden")
+
+
+# A hidden test of make_buckets: one rank, one fixed case
+CAP_OF_ONE_BYTE = (
+    "import harness\n\n"
+    "def _buckets(target, sizes, cap):\n    return target.load().make_buckets(sizes, cap)\n\n"
+    "def test_cap_of_one_byte(target):\n"
+    "    got = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
+    "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")

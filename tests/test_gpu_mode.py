@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import harness
-from kit import catalogue
-from tests.judge_helpers import ROOT, judge  # noqa: F401  (fixture)
+from tests.judge_helpers import ROOT, hidden_tests, judge  # noqa: F401  (fixture)
 
 
 def _made_on_the_rank_device():
@@ -38,17 +37,15 @@ def test_selfcheck_runs_the_reference_under_the_device_audit_when_asked(judge, t
     """tests/test_selfcheck.py runs every problem's selfcheck with --device-audit: its reference, and the rank
     code of its tests, keep their tensors on harness.device(). Here a hidden test whose rank code makes a
     tensor without naming a device passes a plain selfcheck and fails the audited one, on the reference only."""
-    hidden = tmp_path / "hidden" / "113_ddp_buckets"
-    hidden.mkdir(parents=True)
-    (hidden / "test_small.py").write_text(
+    hidden = hidden_tests(tmp_path,
         "import torch\nimport harness\n\n"
         "def _buckets(target, sizes, cap):\n"
         "    return target.load().make_buckets(sizes, cap), torch.tensor(sizes) * 1\n\n"
         "def test_bucket_cap_of_one_byte(target):\n"
         "    got, _ = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
         "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")
-    plain = judge("selfcheck", 113, "--tests", tmp_path / "hidden", "--format", "json")
-    audited = judge("selfcheck", 113, "--tests", tmp_path / "hidden", "--format", "json", "--device-audit")
+    plain = judge("selfcheck", 113, "--tests", hidden, "--format", "json")
+    audited = judge("selfcheck", 113, "--tests", hidden, "--format", "json", "--device-audit")
     before = {r["target"]: r for r in json.loads(plain.stdout)}
     rows = {r["target"]: r for r in json.loads(audited.stdout)}
     assert before["reference"]["ok"] and not rows["reference"]["ok"], plain.stdout + audited.stdout

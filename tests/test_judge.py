@@ -8,7 +8,8 @@ import pytest
 from kit import catalogue, cli
 from kit.grade import common_failures
 from kit.selfcheck import first_line
-from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, judge, with_make_buckets  # noqa: F401  (fixture)
+from tests.judge_helpers import (BUGGY_MAKE_BUCKETS, CAP_OF_ONE_BYTE, ROOT, hidden_tests, judge,  # noqa: F401
+                                 with_make_buckets)
 
 
 def test_no_arguments_lists_every_problem_and_suggests_one(judge):
@@ -83,18 +84,11 @@ def test_a_deadlock_fails_in_seconds_with_the_hang_report(judge, tmp_path):
 
 
 def test_hidden_tests_folder(judge, tmp_path):
-    folder = tmp_path / "hidden" / "113_ddp_buckets"
-    folder.mkdir(parents=True)
-    (folder / "test_hidden.py").write_text(
-        "import harness\n\n"
-        "def _buckets(target, sizes, cap):\n    return target.load().make_buckets(sizes, cap)\n\n"
-        "def test_cap_of_one_byte(target):\n"
-        "    got = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
-        "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")
-    out = judge(113, "--solution", "--tests", tmp_path / "hidden", "--format", "json")
+    hidden = hidden_tests(tmp_path, CAP_OF_ONE_BYTE)
+    out = judge(113, "--solution", "--tests", hidden, "--format", "json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert [t["name"] for t in json.loads(out.stdout)["tests"]] == ["test_cap_of_one_byte"]
-    out = judge(113, "--tests", tmp_path / "hidden")
+    out = judge(113, "--tests", hidden)
     assert out.returncode == 1 and "not implemented yet" in out.stdout
 
 
@@ -164,9 +158,7 @@ def test_gradescope_output_carries_no_server_paths(judge, tmp_path):
 
 def test_the_failing_case_is_the_one_the_property_names(judge, tmp_path):
     """#5: a fixed example checked alongside every drawn case names itself, not an unrelated draw."""
-    folder = tmp_path / "hidden" / "113_ddp_buckets"
-    folder.mkdir(parents=True)
-    (folder / "test_examples.py").write_text(
+    hidden = hidden_tests(tmp_path,
         "from hypothesis import given, strategies as st\n"
         "import harness\n\n"
         "def _buckets(target, cases):\n"
@@ -175,10 +167,10 @@ def test_the_failing_case_is_the_one_the_property_names(judge, tmp_path):
         "def test_statement_example_rides_along(target, sizes, cap):\n"
         "    example, drawn = harness.run(_buckets, 1, target, [([4, 4, 4, 4], 8), (sizes, cap)]).values[0]\n"
         "    harness.check(example == [[3, 2], [1, 0]], f'make_buckets([4, 4, 4, 4], 8) returned {example}',\n"
-        "                  case='make_buckets([4, 4, 4, 4], 8)')\n")
+        "                  case='make_buckets([4, 4, 4, 4], 8)')\n", "test_examples.py")
     buggy = tmp_path / "buggy.py"
     buggy.write_text(with_make_buckets(BUGGY_MAKE_BUCKETS))
-    out = judge(113, "--target", buggy, "--tests", tmp_path / "hidden", "--profile", "quick", "--seed", 1)
+    out = judge(113, "--target", buggy, "--tests", hidden, "--profile", "quick", "--seed", 1)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "failing case: make_buckets([4, 4, 4, 4], 8)" in out.stdout
     assert "sizes=" not in out.stdout
@@ -195,19 +187,18 @@ WRONG_TYPES = """    if cap == 1:
 
 def test_wrong_return_types_name_the_function_the_contract_and_what_came_back(judge, tmp_path):
     """#3: a tuple, a dict or a str from make_buckets is rejected with one plain sentence."""
-    folder = tmp_path / "hidden" / "113_ddp_buckets"
-    folder.mkdir(parents=True)
-    (folder / "test_types.py").write_text(
+    hidden = hidden_tests(tmp_path,
         "import pytest\nimport harness\n\n"
         "def _buckets(target, sizes, cap):\n    return target.load().make_buckets(sizes, cap)\n\n"
         "@pytest.mark.parametrize('cap', [1, 2, 3])\n"
         "def test_returns_a_list_of_lists(target, cap):\n"
         "    got = harness.run(_buckets, 1, target, [3, 1, 2], cap).values[0]\n"
         "    harness.expect_type(got, 'list[list[int]]', f'make_buckets([3, 1, 2], {cap})')\n"
-        "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], {cap}) returned {got}')\n")
+        "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], {cap}) returned {got}')\n",
+        "test_types.py")
     wrong = tmp_path / "wrong_types.py"
     wrong.write_text(with_make_buckets(WRONG_TYPES))
-    out = judge(113, "--target", wrong, "--tests", tmp_path / "hidden", "--format", "json", "--seed", 1)
+    out = judge(113, "--target", wrong, "--tests", hidden, "--format", "json", "--seed", 1)
     assert out.returncode == 1, out.stdout + out.stderr
     tests = {t["name"]: t for t in json.loads(out.stdout)["tests"]}
     assert all(t["kind"] == "wrong type" for t in tests.values()), tests

@@ -9,7 +9,7 @@ from kit import catalogue, stubs
 from kit.config import KitConfig
 from kit.selfcheck import selfcheck_problem
 from kit.watch import watch
-from tests.judge_helpers import ROOT, ProblemWithPracticeFile, judge  # noqa: F401  (fixture)
+from tests.judge_helpers import CAP_OF_ONE_BYTE, ROOT, ProblemWithPracticeFile, hidden_tests, judge  # noqa: F401
 
 REFERENCE = os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")
 
@@ -110,15 +110,8 @@ def test_selfcheck_checks_the_committed_stub_not_the_learners_solved_file(tmp_pa
     solved = tmp_path / "ddp_buckets.py"
     shutil.copy(REFERENCE, solved)
     problem = ProblemWithPracticeFile(catalogue.load()[113], solved)
-    hidden = tmp_path / "hidden" / "113_ddp_buckets"   # one small test keeps this fast
-    hidden.mkdir(parents=True)
-    (hidden / "test_small.py").write_text(
-        "import harness\n\n"
-        "def _buckets(target, sizes, cap):\n    return target.load().make_buckets(sizes, cap)\n\n"
-        "def test_bucket_cap_of_one_byte(target):\n"
-        "    got = harness.run(_buckets, 1, target, [3, 1, 2], 1).values[0]\n"
-        "    harness.check(got == [[2], [1], [0]], f'make_buckets([3, 1, 2], 1) returned {got}')\n")
-    rows = {r["target"]: r for r in selfcheck_problem(problem, KitConfig(profile="quick"), tests_root=str(tmp_path / "hidden"))}
+    hidden = hidden_tests(tmp_path, CAP_OF_ONE_BYTE)   # one small test keeps this fast
+    rows = {r["target"]: r for r in selfcheck_problem(problem, KitConfig(profile="quick"), tests_root=hidden)}
     assert rows["reference"]["ok"], rows["reference"]
     assert rows["stub"]["ok"] and rows["stub"]["detail"] == "scores 0, 'not implemented yet'", rows["stub"]
     assert rows["stub"]["path"] == "practice/113_ddp_buckets/ddp_buckets.py (git)"
@@ -199,31 +192,6 @@ def test_watch_judges_every_save_as_saved_in_one_warm_test_process(tmp_path):
     assert proc.returncode == 0 and "stopped watching" in rest
     time.sleep(0.5)
     assert not _processes_with(marker), "a test process or rank outlived --watch"
-
-
-def test_watch_command_exits_cleanly_on_ctrl_c(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    env = dict(os.environ, KIT_STATE_DIR=str(tmp_path), NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "judge.py", "113", "--watch", "--solution", "-k", "timeline"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        seen = ""
-        while "score:" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen += line
-        assert "score: 2/2" in seen, seen
-        os.killpg(proc.pid, signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0 and "stopped watching" in rest
 
 
 def _submission(folder, name, text):
