@@ -3,7 +3,7 @@
 Public API -- problems, the test helpers and the judge app use only these names:
 
     run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, record_compute=, perturb=,
-        reuse=, count_flops=)     -> RunResult(values, trace, flops)
+        reuse=, count_flops=, shared_dir=, kill=)     -> RunResult(values, trace, flops, killed)
     per_rank(values), PerRank     an argument of run that rank r receives as values[r], and no other rank sees
     defaults(**fields)            a context manager: what run uses for what a call leaves out, for the block;
                                   the fields are RunDefaults's (forbid, allow, timeout, stop_on_hang, backend,
@@ -11,6 +11,7 @@ Public API -- problems, the test helpers and the judge app use only these names:
                                   audit_devices: the device audit, world_sizes: the sizes calls may use)
     pick_backend(world_size, backend="auto"), shutdown(), prestart()   the pool: its backend, stopping it,
                                   starting the torch-preloaded forkserver early
+    KillAt(rank, event), Killed   a test's injected fault: kill a rank at its event-th file write (``run(kill=)``)
     phase(name, step=None)        mark a region inside a rank function
     device(), gpu_count()         this rank's device (cuda:rank under NCCL, else cpu); the GPUs here
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
@@ -44,7 +45,7 @@ _EXPORTS = {
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
     "TargetError": "errors", "raised_by_stub": "errors", "BackendUnavailable": "errors", "WorldSkipped": "errors",
-    "gpu_count": "devices",
+    "gpu_count": "devices", "KillAt": "faults", "Killed": "faults",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -5,6 +5,7 @@ import linecache
 import os
 import re
 import signal
+import time
 
 from .errors import ForbiddenOp, NotImplementedYet, RankError, TraceTampered, raised_by_stub
 
@@ -230,3 +231,38 @@ def rank_error(errors: dict, world_size: int) -> BaseException:
         return TraceTampered(f"rank {rank}: {message}")
     cls = NotImplementedYet if exc_type == "NotImplementedError" and raised_by_stub(frames) else RankError
     return cls(rank, exc_type, message, frames, world_size)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def dump_stacks(procs: list, stack_files: list) -> list[str]:
+    """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
+    sizes = []
+    for p, path in zip(procs, stack_files):
+        sizes.append(_size(path))
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+    # Wait until each live rank's dump has appeared and stopped growing: on a loaded machine a
+    # fixed short sleep can read a rank's dump before it is written, losing its blocking line.
+    alive = [r for r, p in enumerate(procs) if p.is_alive()]
+    last, deadline = {}, time.monotonic() + 1.0   # stays inside the timeout + 2 s promise
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = {r: _size(stack_files[r]) for r in alive}
+        if all(now[r] > sizes[r] and now[r] == last.get(r) for r in alive):
+            break
+        last = now
+    stacks = []
+    for path, size in zip(stack_files, sizes):
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(size)
+                stacks.append(f.read())
+        except OSError:
+            stacks.append("")
+    return stacks

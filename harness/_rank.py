@@ -27,6 +27,7 @@ from ._diagnose import short_path
 from ._sandbox import confine, guard_store, hint
 from .devices import device, made_without_a_device_land_on, on_rank_device
 from .errors import ForbiddenOp, TraceTampered
+from .faults import arm
 from .wire import Reply, WireError
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -62,6 +63,7 @@ def _quiet_renamed_collectives():
 
 
 def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
+    # files: this rank's stderr, stack dump and private folder; "shared": a folder every rank may use
     # stderr first: whatever goes wrong from here on is shown in the RankCrashed message
     stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(stderr_fd, 2)
@@ -78,7 +80,8 @@ def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
         torch.backends.cudnn.allow_tf32 = False
     store = dist.FileStore(store_path, world_size)
     # Confined before gloo starts its threads: Landlock covers only the threads created after it.
-    confine(files["tmp"], store_file=store_path, gpu=backend == "nccl")
+    confine(files["tmp"], store_file=store_path, gpu=backend == "nccl",
+            writable=[files["shared"]] if files.get("shared") else ())
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it
@@ -130,6 +133,8 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
         recorder.reset(policy)
+        if policy.kill is not None and policy.kill.rank == dist.get_rank():
+            arm(policy.kill, policy.kill.under)
         here = device()
         args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)
         counter = FlopCounterMode(display=False) if policy.count_flops else contextlib.nullcontext()

@@ -27,10 +27,11 @@ class Policy:
     ``default_device``: where tensors made without a device land while the rank function runs
     (``"meta"`` in the device audit; None: torch's default).  ``count_flops``: count the floating-point
     operations the rank function runs (torch's ``FlopCounterMode``: matmuls, convolutions, attention).
+    ``kill``: a ``faults.KillAt`` whose ``under`` is set: the rank it names dies at that file event.
     """
 
     def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None,
-                 default_device: str | None = None, count_flops: bool = False):
+                 default_device: str | None = None, count_flops: bool = False, kill=None):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
         unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
@@ -46,6 +47,7 @@ class Policy:
         self.perturb = perturb
         self.default_device = default_device
         self.count_flops = bool(count_flops)
+        self.kill = kill
         self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):

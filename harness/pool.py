@@ -8,6 +8,7 @@ next call builds a fresh one.  What a call leaves out comes from ``config.defaul
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import cloudpickle
 from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
 from .devices import AUDIT_DEVICE, gpu_count
 from .errors import BackendUnavailable, HangError, HangStopped, WorldSkipped
+from .faults import KillAt, Killed
 from .policy import Policy
 from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
@@ -29,6 +31,7 @@ class RunResult:
     values: list          # each rank's return value, by rank
     trace: Trace
     flops: list | None = None   # each rank's floating-point operations, measured on the rank (``count_flops``)
+    killed: Killed | None = None   # the injected kill (``kill=``), when it happened
 
     def __iter__(self):   # allows ``values, trace = harness.run(...)``
         return iter((self.values, self.trace))
@@ -50,7 +53,8 @@ def pick_backend(world_size: int, backend: str = "auto") -> str:
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
         backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
-        perturb: tuple | None = None, reuse: bool = False, count_flops: bool = False, **kwargs) -> RunResult:
+        perturb: tuple | None = None, reuse: bool = False, count_flops: bool = False,
+        shared_dir: str | None = None, kill: KillAt | None = None, **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
     Returns each rank's value and the harness's trace of every communication op.
@@ -60,6 +64,11 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     ``reuse=True`` returns an identical earlier call's result again, without running (see ``reuse``).
     ``count_flops=True`` fills ``RunResult.flops``: each rank's floating-point operations, counted by the
     harness around the rank function (torch's ``FlopCounterMode``), never reported by the code under test.
+    ``shared_dir``: an existing folder every rank may read and write (the sandbox otherwise gives a rank
+    only its private folder); files there outlive the call and the world, so one call can save and a
+    later one, on another world size, load.  ``kill=KillAt(rank, event)``: that rank is SIGKILLed just
+    before its event-th file event under ``shared_dir`` (see ``faults``); the call then returns normally,
+    with ``RunResult.killed`` set, None for each rank that did not return, and an empty trace.
     Arguments left out (None) come from ``harness.defaults``.
     Raises ``RankError`` (``NotImplementedYet`` for a
     stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
@@ -71,24 +80,25 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     if given.world_sizes is not None and world_size not in given.world_sizes:
         raise WorldSkipped(f"a world of {world_size} ranks is left out here (only {sorted(given.world_sizes)})")
     backend = pick_backend(world_size, backend or given.backend or "auto")
+    shared_dir, kill = _shared(shared_dir, kill)
     policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
                     record_compute=record_compute, perturb=perturb,
-                    default_device=AUDIT_DEVICE if given.audit_devices else None, count_flops=count_flops)
-    kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse else None
+                    default_device=AUDIT_DEVICE if given.audit_devices else None, count_flops=count_flops, kill=kill)
+    kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse and kill is None else None
     kept = kept_result(kept_as)
     if kept is not None:
         return _result(*kept, given)
-    key = (world_size, backend)
+    key = (world_size, backend, shared_dir)
     world = _WORLDS.get(key)
     if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
         if world is not None:
             world.kill()
-        world = _WORLDS[key] = World(world_size, backend)
+        world = _WORLDS[key] = World(world_size, backend, shared_dir)
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
     try:
-        values, trace, flops = world.call(fn, args, kwargs, policy, timeout, memory_gb)
+        values, trace, flops, killed = world.call(fn, args, kwargs, policy, timeout, memory_gb)
     except BaseException as error:
         if not getattr(error, "world_reusable", False):
             _WORLDS.pop(key, None)
@@ -98,8 +108,31 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
             if given.stop_on_hang:
                 raise HangStopped(error) from None
         raise
+    finally:
+        if kill is not None:   # its rank carries an armed trigger, or is dead: never reuse the world
+            _WORLDS.pop(key, None)
+            world.kill()
+    if killed is not None:
+        return RunResult(values, trace, flops, killed)
     keep_result(kept_as, values, trace, flops)
     return _result(values, trace, flops, given)
+
+
+def _shared(shared_dir: str | None, kill: KillAt | None) -> tuple:
+    """The shared folder as one canonical path, and the kill with the folder it watches."""
+    if shared_dir is not None:
+        if not os.path.isdir(shared_dir):
+            raise ValueError(f"shared_dir must be an existing folder (the sandbox grants it when the ranks "
+                             f"start), got {shared_dir!r}")
+        shared_dir = os.path.realpath(shared_dir)
+    if kill is None:
+        return shared_dir, None
+    if not isinstance(kill, KillAt):
+        raise TypeError(f"kill must be a harness.KillAt, got {kill!r}")
+    under = kill.under or shared_dir
+    if under is None:
+        raise ValueError("kill=KillAt(...) counts file events under a folder: give shared_dir= or KillAt(under=)")
+    return shared_dir, KillAt(kill.rank, kill.event, os.path.realpath(under))
 
 
 def _result(values: list, trace: Trace, flops: list | None, given) -> RunResult:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import multiprocessing.connection as mpc
 import os
 import shutil
-import signal
 import tempfile
 import time
 
 from ._boot import CONTEXT, RankProcess
-from ._diagnose import blocking_line, crash_message, diagnose_hang, hang_message, is_gloo_fallout, rank_error
+from ._diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks, hang_message, is_gloo_fallout,
+                        rank_error)
 from .errors import HangError, RankCrashed, TraceTampered
+from .faults import Killed, killed_from
 from .inputs import own_inputs
 from .policy import Policy
 from .records import RecordStream, build_trace, check_record, ops_balanced
@@ -28,6 +29,7 @@ from .wire import Reply, WireError, dump_function, dumps
 _START_TIMEOUT = 60.0
 _WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
 _GB = 2**30
+_KILL_GRACE = 1.0        # seconds the other ranks get to finish after an injected kill
 _FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
 
 
@@ -40,21 +42,15 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 class World:
     """N live rank processes in one process group, fed tasks over pipes."""
 
-    def __init__(self, world_size: int, backend: str):
+    def __init__(self, world_size: int, backend: str, shared_dir: str | None = None):
+        """``shared_dir``: a folder every rank may read and write (the sandbox grants it at start)."""
         self.world_size, self.backend = world_size, backend
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
-        self.files = [{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "tmp")}
-                      for r in range(world_size)]
+        self.files = [{**{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "tmp")},
+                       "shared": shared_dir} for r in range(world_size)]
         self.conns, self.procs = [], []
         self.records = [RecordStream() for _ in range(world_size)]   # each rank's ops, streamed as issued
         self.sent_fns = set()
@@ -118,33 +114,6 @@ class World:
         except OSError:
             return ""
 
-    def _stacks(self) -> list:
-        """Each rank's Python stack, dumped by faulthandler on SIGUSR1 (works while blocked in gloo)."""
-        sizes = []
-        for r, p in enumerate(self.procs):
-            sizes.append(_size(self.files[r]["stack"]))
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGUSR1)
-        # Wait until each live rank's dump has appeared and stopped growing: on a loaded machine a
-        # fixed short sleep can read a rank's dump before it is written, losing its blocking line.
-        alive = [r for r, p in enumerate(self.procs) if p.is_alive()]
-        last, deadline = {}, time.monotonic() + 1.0   # stays inside the timeout + 2 s promise
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.02)
-            now = {r: _size(self.files[r]["stack"]) for r in alive}
-            if all(now[r] > sizes[r] and now[r] == last.get(r) for r in alive):
-                break
-            last = now
-        stacks = []
-        for r in range(self.world_size):
-            try:
-                with open(self.files[r]["stack"], errors="replace") as f:
-                    f.seek(sizes[r])
-                    stacks.append(f.read())
-            except OSError:
-                stacks.append("")
-        return stacks
-
     def watch_memory(self, limit_gb: float):
         """End any rank whose resident memory is over the limit; the call then reports it as a crash."""
         for r, p in enumerate(self.procs):
@@ -153,8 +122,9 @@ class World:
                 self.over_memory[r] = (used, limit_gb)
                 p.kill()
 
-    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple[list, Trace, list]:
-        """Run ``fn`` on every rank: (each rank's value, the trace, each rank's FLOPs or None).  Raises what went wrong, in plain words."""
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple:
+        """Run ``fn`` on every rank: (each rank's value, the trace, each rank's FLOPs or None, the injected
+        kill or None).  Raises what went wrong, in plain words."""
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
         token = os.urandom(16)  # a reply without it was not written by the rank loop
@@ -175,7 +145,7 @@ class World:
             c.send_bytes(payload)
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
-        first_error_at = None
+        first_error_at = killed = None
         pending = {c: r for r, c in enumerate(self.conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         streams = {stream.reader: stream for stream in self.records}
@@ -199,20 +169,31 @@ class World:
                     if obj not in pending:
                         continue
                     if not obj.poll():
-                        raise self._crash(r)
+                        killed = self._death(r, policy)
+                        del pending[obj]
+                        deadline = min(deadline, time.monotonic() + _KILL_GRACE)
+                        continue
                 if obj in pending:
                     r = pending[obj]
                     try:
                         replies[r] = self._reply(r, obj.recv_bytes(), token)
                     except (EOFError, OSError):
-                        # The pipe closed without a reply: the rank died.  (Skipping it here
-                        # would leave an always-ready pipe in the wait set: a busy loop forever.)
-                        raise self._crash(r) from None
+                        # The pipe closed without a reply: the rank died.  (Leaving it in the
+                        # wait set would make an always-ready pipe: a busy loop forever.)
+                        killed = self._death(r, policy)
+                        del pending[obj]
+                        deadline = min(deadline, time.monotonic() + _KILL_GRACE)
+                        continue
                     del pending[obj]
                     if replies[r].status != "ok" and first_error_at is None:
                         first_error_at = time.monotonic()
         for stream in self.records:
             stream.drain()
+        if killed is not None:   # the test's own fault: what the others returned, and no trace
+            self.kill()
+            values = [replies[r].value if r in replies and replies[r].status == "ok" else None
+                      for r in range(self.world_size)]
+            return values, Trace(), None, killed
         if pending and first_error_at is None:
             raise self._hang(timeout, sorted(pending.values()))
         ops, streamed = zip(*[stream.ops(r) for r, stream in enumerate(self.records)])
@@ -239,7 +220,18 @@ class World:
         if retire:
             self.close()   # ``run`` builds a fresh world for the next call
         flops = [replies[r].flops for r in range(self.world_size)]
-        return [replies[r].value for r in range(self.world_size)], trace, None if None in flops else flops
+        return [replies[r].value for r in range(self.world_size)], trace, None if None in flops else flops, None
+
+    def _death(self, rank: int, policy: Policy) -> Killed:
+        """Rank ``rank`` died without a reply: the test's injected kill (or its fallout on another rank)
+        is returned; anything else is raised as a crash."""
+        target = policy.kill.rank if policy.kill is not None else None
+        if target is not None and target < self.world_size:
+            self.procs[target].join(1.0)
+            killed = killed_from(target, self.procs[target].exitcode, self._stderr(target))
+            if killed is not None:
+                return killed
+        raise self._crash(rank)
 
     def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
         try:
@@ -269,7 +261,7 @@ class World:
         return RankCrashed(crash_message(rank, code, stderr), rank, code, stderr)
 
     def _hang(self, timeout: float, stuck: list) -> HangError:
-        stacks = self._stacks()
+        stacks = dump_stacks(self.procs, [f["stack"] for f in self.files])
         for stream in self.records:
             stream.drain()
         flights = [stream.events() for stream in self.records]

@@ -479,7 +479,7 @@ def _streamed_digest(world_size: int, rank: int) -> str:
     from harness import pool
     from harness.policy import ops_digest
     last = {}
-    for event in pool._WORLDS[(world_size, "gloo")].records[rank].raw_events():
+    for event in pool._WORLDS[(world_size, "gloo", None)].records[rank].raw_events():
         if event.get("ev") in ("issue", "wait", "done"):
             last[event["i"]] = event["op"]
     return ops_digest([last[i] for i in sorted(last)])
