@@ -93,6 +93,9 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
         if world is not None:
             world.kill()
+        if shared_dir is not None:   # one shared-folder world per size: tests often use a folder each
+            for other in [k for k in _WORLDS if k[:2] == key[:2] and k[2] is not None]:
+                _WORLDS.pop(other).close()
         world = _WORLDS[key] = World(world_size, backend, shared_dir)
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import _sandbox
+from harness import _sandbox, pool
 
 from tests.harness_helpers import rank_pid
 
@@ -98,3 +98,11 @@ def test_bad_arguments_say_what_is_wrong(tmp_path):
         harness.run(listing, 1, str(tmp_path), "x", kill=harness.KillAt(rank=0, event=1))
     with pytest.raises(ValueError, match="event"):
         harness.KillAt(rank=0, event=0)
+
+
+def test_a_new_shared_folder_replaces_the_old_folders_world(tmp_path):
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir(), second.mkdir()
+    old = harness.run(rank_pid, 2, shared_dir=str(first), timeout=TIMEOUT).values
+    harness.run(rank_pid, 2, shared_dir=str(second), timeout=TIMEOUT)
+    assert not set(old) & set(pool.live_rank_pids()), "each test's folder would keep a world of ranks alive"
