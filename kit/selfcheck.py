@@ -1,4 +1,5 @@
-"""selfcheck: the reference passes, the committed stub scores 0 cleanly, every known-wrong version is rejected."""
+"""selfcheck: the reference passes, the committed stub scores 0 cleanly, every known-wrong version is rejected,
+and every test rejects at least one of them."""
 from __future__ import annotations
 
 import ast
@@ -79,7 +80,17 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
             ok, detail = _wrong_version_row(mine, expected[t["id"]])
         path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else relative(t["path"])
         rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail, "path": path})
+    if tests_root is None:   # the kit's own tests: each must be shown able to fail (hidden tests are the instructor's)
+        rows += _unshown_tests(problem, verdict, set(expected.values()))
     return rows
+
+
+def _unshown_tests(problem: Problem, verdict, named: set) -> list[dict]:
+    """A row for each test that no known-wrong version names in REJECTED_BY: nothing shows it can fail."""
+    tests = sorted({r.name.split("[")[0] for r in verdict.tests if r.target == "reference"} - named)
+    return [{"problem": problem.number, "target": f"test:{name}", "ok": False, "path": f"practice/{problem.folder}",
+             "detail": "no known-wrong version names it in REJECTED_BY: nothing shows this test can fail"}
+            for name in tests]
 
 
 def _reference_row(results: list) -> tuple[bool, str]:

@@ -5,7 +5,9 @@ import re
 
 import pytest
 
-from kit import catalogue, cli
+from types import SimpleNamespace
+
+from kit import catalogue, cli, selfcheck
 from kit.grade import common_failures
 from kit.selfcheck import first_line
 from tests.judge_helpers import (BUGGY_MAKE_BUCKETS, CAP_OF_ONE_BYTE, ROOT, hidden_tests, judge,  # noqa: F401
@@ -315,3 +317,16 @@ def test_selfcheck_details_are_shown_whole(monkeypatch, capsys):
     assert "…" not in shown
     joined = "".join(line.strip() for line in shown.splitlines())
     assert "".join(detail.split()) in "".join(joined.split())
+
+
+def test_selfcheck_fails_a_test_that_no_wrong_version_exercises(monkeypatch):
+    """A property that no known-wrong version fails is a property not shown to work: selfcheck says so."""
+    ran = [SimpleNamespace(target="reference", name=name, passed=True, kind="", message="")
+           for name in ("test_bucket_contract[3]", "test_never_failed", "test_never_failed[2]")]
+    monkeypatch.setattr(selfcheck, "judge_once", lambda *args, **kwargs: SimpleNamespace(tests=ran))
+    rows = selfcheck.selfcheck_problem(catalogue.load()[113], cli.KitConfig())
+    unshown = [r for r in rows if r["target"].startswith("test:")]
+    assert [r["target"] for r in unshown] == ["test:test_never_failed"] and not unshown[0]["ok"]
+    assert "REJECTED_BY" in unshown[0]["detail"]
+    hidden = selfcheck.selfcheck_problem(catalogue.load()[113], cli.KitConfig(), tests_root="elsewhere")
+    assert not [r for r in hidden if r["target"].startswith("test:")], "an instructor's hidden tests are theirs"
