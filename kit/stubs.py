@@ -14,7 +14,8 @@ from .report import relative
 
 def is_stub(source: str, names) -> bool:
     """Every public function raises NotImplementedError, and every public class has such a method, except
-    an exception class the stub gives whole (``class ScheduleDeadlock(RuntimeError): ...``)."""
+    a class the stub gives whole: one with no method of its own (``class ScheduleDeadlock(RuntimeError): ...``,
+    a dataclass, a NamedTuple)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -28,16 +29,15 @@ def is_stub(source: str, names) -> bool:
         node = found.get(name)
         if isinstance(node, ast.FunctionDef) and not raises_nie(node):
             return False
-        if isinstance(node, ast.ClassDef) and not _given_exception(node) and not any(
+        if isinstance(node, ast.ClassDef) and not _given_whole(node) and not any(
                 isinstance(m, ast.FunctionDef) and raises_nie(m) for m in node.body):
             return False
     return any(isinstance(n, ast.Raise) for n in ast.walk(tree))
 
 
-def _given_exception(node: ast.ClassDef) -> bool:
-    """A class with an exception base (``...Error``, ``...Exception``, ``...Warning``) and no method of its own."""
-    exception_base = any(ast.unparse(b).endswith(("Error", "Exception", "Warning")) for b in node.bases)
-    return exception_base and not any(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) for m in node.body)
+def _given_whole(node: ast.ClassDef) -> bool:
+    """A class with no method of its own: data or an exception, nothing for the learner to write."""
+    return not any(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) for m in node.body)
 
 
 def pristine_stub(problem: Problem) -> str:
