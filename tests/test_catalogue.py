@@ -23,7 +23,7 @@ def _load(tmp_path, text):
 
 def test_the_kit_catalogue_loads_and_every_problem_has_its_files():
     problems = catalogue.load()
-    assert sorted(problems) == list(range(111, 124))
+    assert sorted(problems) == list(range(111, 128))
     for p in problems.values():
         assert p.hints, f"problem {p.number} has no hints"
         assert p.wrong_files(), f"problem {p.number} has no known-wrong versions"

@@ -1,0 +1,384 @@
+"""Problem 125 properties.  Each test is one line of the statement's list.
+
+Learner code runs only on the ranks (``harness.run``), which share one folder per test module
+(``shared_dir``); every hypothesis example gets its own sub-folder, made here.  Expected values come
+from uninterrupted single-process training in this process (``ckpt_data.oracle``).  Which samples a
+rank consumed is read from the dataset's own log of ``dataset[i]`` calls, never from the trainer.
+"""
+import hashlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import example, given, strategies as st
+
+import harness
+from ckpt_data import LoggedDataset, epoch_batches, make_data, oracle
+from testkit import strategies as hs
+from testkit.flat_shards import owned_real, shard_size
+from testkit.models import OptimizerSpec, random_mlp
+
+ATOL, RTOL = 1e-9, 1e-7
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The folder every rank of this module's calls may write in."""
+    return str(tmp_path_factory.mktemp("checkpoints"))
+
+
+def _folder(shared, *key):
+    """A sub-folder for one case, named by the case, made here (the ranks may write only under ``shared``)."""
+    name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    path = os.path.join(shared, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@st.composite
+def resume_cases(draw):
+    n_save = draw(hs.world_sizes())
+    stateful = hs.optimizers().filter(lambda o: o.name != "SGD" or "momentum" in o.kwargs)
+    return dict(n_save=n_save, n_resume=draw(hs.world_sizes().filter(lambda m: m != n_save)),
+                widths=draw(st.lists(st.integers(1, 4), min_size=2, max_size=3)),
+                n=draw(st.integers(1, 11)), global_batch=draw(st.integers(1, 5)),
+                k1=draw(st.one_of(st.integers(1, 4), st.integers(9, 11))), k2=draw(st.integers(1, 3)),
+                optimizer=draw(stateful), dropout=draw(st.sampled_from([0.25, 0.5])),
+                seed=draw(hs.seeds()), init_seed=draw(hs.seeds()), data_seed=draw(hs.seeds()))
+
+
+# Resumes mid-epoch (step 10 of 3-step epochs) after a partial batch, past step 9, from 3 ranks onto 2, with Adam.
+# Pinned, since the three properties of one run share it (reuse), so it costs one run per session.
+_RESUME_EXAMPLE = dict(n_save=3, n_resume=2, widths=[3, 4, 2], n=7, global_batch=3, k1=10, k2=2,
+                       optimizer=OptimizerSpec("Adam", {"lr": 0.05}), dropout=0.5, seed=5, init_seed=1, data_seed=2)
+
+
+def _describe(case, resumed_on=None):
+    n, m = case["n_save"], case["n_resume"] if resumed_on is None else resumed_on
+    return (f"{case['optimizer']}, dataset of {case['n']} samples, global batch {case['global_batch']}, "
+            f"dropout {case['dropout']}, saved on {n} rank(s), resumed on {m}")
+
+
+# ---- what runs on the ranks ---------------------------------------------------------------------
+
+def _optimizer_view(opt):
+    """This rank's local optimizer: its parameter elements, and each state concatenated over its parameters."""
+    params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
+    flat, scalars = {}, {}
+    for p in params:
+        for k, v in opt.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                flat.setdefault(k, []).append(v.detach().reshape(-1).cpu().clone())
+            elif isinstance(v, (torch.Tensor, int, float)):
+                scalars[k] = float(v)
+    flat_params = torch.cat([p.detach().reshape(-1).cpu() for p in params]) if params else torch.zeros(0, device="cpu")
+    return {"is_optimizer": isinstance(opt, torch.optim.Optimizer), "params": flat_params,
+            "state": {k: torch.cat(v) for k, v in flat.items()}, "scalars": scalars}
+
+
+def _session(target, case, directory, steps, resume, save, check=False, catch=False):
+    """Build a Trainer (a fresh model), optionally resume, train ``steps`` steps (saving after each if asked).
+
+    ``catch``: an exception out of resume() is returned ({"resume_error": ...}) rather than raised."""
+    m = target.load()
+    # a resumed trainer starts from other weights: only what it loads can make it right
+    model = random_mlp(case["widths"], case["init_seed"] + (1 if resume else 0))
+    dataset = LoggedDataset(*make_data(case["n"], case["widths"][0], case["widths"][-1], case["data_seed"]))
+    opt = case["optimizer"]
+    with harness.phase("construct"):
+        trainer = m.Trainer(model, dataset, case["global_batch"], opt.cls, case["seed"], case["dropout"], **opt.kwargs)
+    out = {"start": 0}
+    if resume:
+        with harness.phase("resume"):
+            try:
+                out["start"] = trainer.resume(directory)
+            except NotImplementedError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- reported back to the test process
+                if not catch:
+                    raise
+                return {"resume_error": f"{type(e).__name__}({str(e)!r})"}
+        out["resumed_params"] = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+        if check:
+            out["resumed_optimizer"] = _optimizer_view(trainer.local_optimizer)
+    out["fetched"], out["history"] = [], []
+    for step in range(steps):
+        before = len(dataset.fetched)
+        with harness.phase("train", step=step):
+            trainer.train_step()
+        out["fetched"].append(list(dataset.fetched[before:]))
+        out["history"].append(torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]))
+        if save:
+            with harness.phase("save", step=step):
+                trainer.save(directory)
+    if check:
+        out["optimizer"] = _optimizer_view(trainer.local_optimizer)
+    return out
+
+
+def _save_then_resume(target, case, shared):
+    """Call A: train k1 steps on N ranks, saving after each.  Call C: resume on M ranks, train k2 more."""
+    folder = _folder(shared, "resume", case)
+    first = harness.run(_session, case["n_save"], target, case, folder, case["k1"], False, True,
+                        shared_dir=shared, reuse=True).values
+    second = harness.run(_session, case["n_resume"], target, case, folder, case["k2"], True, False, True,
+                         shared_dir=shared, reuse=True).values
+    return folder, first, second
+
+
+def _check_committed(folder, step, why):
+    marker = os.path.join(folder, f"step_{step}", "COMMIT")
+    harness.check(os.path.isfile(marker),
+                  f"{why}, but {os.path.relpath(marker, os.path.dirname(folder))} does not exist: a checkpoint is "
+                  f"complete once its folder step_<k> holds the commit marker COMMIT, written last by one rank")
+
+
+def _compare(got, want, what, rank, step):
+    harness.assert_close(got, want, what, rank=rank, step=step, atol=ATOL, rtol=RTOL)
+
+
+# ---- training equals uninterrupted training -----------------------------------------------------
+
+@hs.fewer_examples(0.3)
+@example(case=_RESUME_EXAMPLE)
+@given(case=resume_cases())
+def test_resume_on_another_world_size_matches_uninterrupted(target, case, shared):
+    """Train k1 steps on N ranks (saving after each), resume on M != N ranks, train k2 more: the parameters
+    equal uninterrupted single-process training after every step, on every rank."""
+    folder, first, second = _save_then_resume(target, case, shared)
+    k1, k2 = case["k1"], case["k2"]
+    _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
+    expected = oracle(case, k1 + k2)
+    for rank, out in enumerate(first):
+        for step, got in enumerate(out["history"]):
+            _compare(got, expected[step]["params"], f"parameters (flattened) before any resume ({_describe(case)})",
+                     rank, step)
+    for rank, out in enumerate(second):
+        harness.check(out["start"] == k1,
+                      f"resume() returned step {out['start']}; the complete checkpoints are steps 1..{k1}, and the "
+                      f"newest (the largest step, compared as a number) is {k1}", rank=rank)
+        _compare(out["resumed_params"], expected[k1 - 1]["params"],
+                 f"parameters right after resume() from step {k1} ({_describe(case)})", rank, k1)
+        for i, got in enumerate(out["history"]):
+            _compare(got, expected[k1 + i]["params"],
+                     f"parameters after resuming from step {k1} and training {i + 1} more step(s) "
+                     f"({_describe(case)}); the data order, the dropout generator and the optimizer state must all "
+                     "continue exactly where the saved run stopped", rank, k1 + i)
+
+
+@hs.fewer_examples(0.3)
+@example(case=_RESUME_EXAMPLE)
+@given(case=resume_cases())
+def test_optimizer_state_is_resharded(target, case, shared):
+    """After resume on M ranks, rank r's local optimizer holds exactly its slice [r*S, (r+1)*S) of the flat
+    parameters and of every optimizer state (S = ceil(P / M)), equal to an uninterrupted run's, then and after
+    k2 more steps."""
+    _, _, second = _save_then_resume(target, case, shared)
+    k1, k2, m = case["k1"], case["k2"], case["n_resume"]
+    expected = oracle(case, k1 + k2)
+    numel = expected[0]["params"].numel()
+    s = shard_size(numel, m)
+    for rank, out in enumerate(second):
+        real = owned_real(numel, m, rank)
+        lo = rank * s
+        for when, view, want in (("right after resume()", out["resumed_optimizer"], expected[k1 - 1]),
+                                 (f"after {k2} more step(s)", out["optimizer"], expected[k1 + k2 - 1])):
+            where = f"trainer.local_optimizer on {m} rank(s) {when} (saved on {case['n_save']})"
+            harness.check(view["is_optimizer"], f"{where} is not a torch.optim.Optimizer", rank=rank)
+            held = view["params"].numel()
+            harness.check(held <= s, f"{where} holds {held} parameter elements; with P={numel} over {m} ranks a "
+                                     f"shard is S=ceil(P/M)={s}", rank=rank)
+            harness.check(held >= real, f"{where} holds {held} parameter elements; rank {rank} owns "
+                                        f"[{lo}, {lo + real}) of the flat parameters", rank=rank)
+            harness.assert_close(view["params"][:real], want["params"][lo:lo + real],
+                                 f"{where}: its parameter against slice [{lo}, {lo + real}) of the flat parameters",
+                                 rank=rank, atol=ATOL, rtol=RTOL)
+            harness.check(sorted(view["state"]) == sorted(want["state"]),
+                          f"{where} keeps per-element state {sorted(view['state'])}; {case['optimizer']} keeps "
+                          f"{sorted(want['state'])}: the optimizer state was not restored", rank=rank)
+            for key, got in view["state"].items():
+                harness.check(got.numel() >= real, f"{where}: state {key!r} has {got.numel()} elements, fewer than "
+                                                    f"the {real} this rank owns", rank=rank)
+                harness.assert_close(got[:real], want["state"][key][lo:lo + real],
+                                     f"{where}: state {key!r} against slice [{lo}, {lo + real}) of the uninterrupted "
+                                     f"run's flat {key!r} (re-shard the saved state for this world)",
+                                     rank=rank, atol=ATOL, rtol=RTOL)
+            for key, value in want["scalars"].items():
+                got = view["scalars"].get(key)
+                harness.check(got == value, f"{where}: state {key!r} is {got}, expected {value}", rank=rank)
+
+
+# ---- the data position --------------------------------------------------------------------------
+
+@hs.fewer_examples(0.3)
+@example(case=_RESUME_EXAMPLE)
+@given(case=resume_cases())
+def test_every_sample_once_per_epoch_across_the_resume(target, case, shared):
+    """Across the resume, each step's ranks together fetch exactly that step's global batch of the seeded
+    epoch order: no sample skipped, none seen twice in an epoch, the partial last batch included."""
+    _, first, second = _save_then_resume(target, case, shared)
+    n, big_b, k1 = case["n"], case["global_batch"], case["k1"]
+    seen = {}
+    for step in range(k1 + case["k2"]):
+        outs, where = (first, f"on {case['n_save']} rank(s), before the save") if step < k1 else \
+            (second, f"on {case['n_resume']} rank(s), after resuming from step {k1}")
+        local = step if step < k1 else step - k1
+        fetched = {rank: out["fetched"][local] for rank, out in enumerate(outs)}
+        epoch, batch = epoch_batches(n, big_b, case["seed"], step)
+        got = sorted(i for idx in fetched.values() for i in idx)
+        per_epoch = -(-n // big_b)
+        for i in got:
+            if i in seen and seen[i][0] == epoch:
+                harness.check(False, f"step {step} ({where}) fetched sample {i}, already seen at step {seen[i][1]} "
+                                     f"of epoch {epoch}: a sample is seen once per epoch ({n} samples, global batch "
+                                     f"{big_b}, {per_epoch} steps per epoch)", step=step)
+        missing = sorted(set(batch) - set(got))
+        harness.check(got == sorted(batch),
+                      f"step {step} ({where}) is batch {step % per_epoch} of epoch {epoch}: the ranks together "
+                      f"fetched {got} (per rank {fetched}); the seeded order's batch is {sorted(batch)}"
+                      + (f", so {missing} are skipped" if missing else "")
+                      + f" ({n} samples, global batch {big_b}, the last batch of an epoch has "
+                        f"{n - (per_epoch - 1) * big_b})", step=step)
+        for i in got:
+            seen[i] = (epoch, step)
+
+
+# ---- a rank killed while saving -----------------------------------------------------------------
+
+@st.composite
+def kill_cases(draw):
+    case = draw(resume_cases())
+    case["k1"] = min(case["k1"], 3)
+    case["k2"] = 1
+    # rank 0 commits: its late events (the marker) are drawn as often as every other rank's
+    case["kill_rank"] = draw(st.sampled_from([0] * case["n_save"] + list(range(case["n_save"]))))
+    case["kill_event"] = draw(st.integers(1, 6))
+    return case
+
+
+_KILL_EXAMPLE = dict(n_save=2, n_resume=1, widths=[2, 3], n=5, global_batch=2, k1=1, k2=1,
+                     optimizer=OptimizerSpec("Adam", {"lr": 0.1}), dropout=0.5, seed=3, init_seed=4, data_seed=5)
+
+
+@hs.fewer_examples(0.3, minimum=4)
+@example(case=dict(_KILL_EXAMPLE, kill_rank=0, kill_event=5))
+@example(case=dict(_KILL_EXAMPLE, kill_rank=1, kill_event=2))
+@given(case=kill_cases())
+def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, request):
+    """A rank SIGKILLed in the middle of save() leaves the previous checkpoint loadable: resume gives the newest
+    complete checkpoint (the torn one is ignored) with exactly its state."""
+    folder = _folder(shared, "kill", request.node.nodeid, case, os.urandom(8))
+    k1, n = case["k1"], case["n_save"]
+    harness.run(_session, n, target, case, folder, k1, False, True, shared_dir=shared)
+    _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
+    kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
+    during = harness.run(_session, n, target, case, folder, 1, True, True, shared_dir=shared, kill=kill)
+    if during.killed is None:
+        _check_committed(folder, k1 + 1, f"resume(), one step and save() returned on every rank after step {k1 + 1}")
+    complete = os.path.isfile(os.path.join(folder, f"step_{k1 + 1}", "COMMIT"))
+    want = k1 + 1 if complete else k1
+    killed = (f"rank {during.killed.rank} of {n} was killed at {during.killed.event} while saving step {k1 + 1}"
+              if during.killed else f"no kill fired (the save of step {k1 + 1} completed)")
+    expected = oracle(case, want + 1)
+    after = harness.run(_session, case["n_resume"], target, case, folder, 1, True, False, catch=True,
+                        shared_dir=shared).values
+    for rank, out in enumerate(after):
+        harness.check("resume_error" not in out,
+                      f"{killed}; step_{k1 + 1}/COMMIT {'exists' if complete else 'does not exist'}, so the newest "
+                      f"complete checkpoint is step {want}, but resume() on {case['n_resume']} rank(s) raised "
+                      f"{out.get('resume_error')}", rank=rank)
+        harness.check(out["start"] == want,
+                      f"{killed}; step_{k1 + 1}/COMMIT {'exists' if complete else 'does not exist'}, so the newest "
+                      f"complete checkpoint is step {want}, but resume() on {case['n_resume']} rank(s) returned "
+                      f"step {out['start']}", rank=rank)
+        _compare(out["resumed_params"], expected[want - 1]["params"],
+                 f"parameters right after resume() ({killed}; resumed from step {want})", rank, want)
+        _compare(out["history"][0], expected[want]["params"],
+                 f"parameters one step after resume() ({killed}; resumed from step {want}, {_describe(case)})",
+                 rank, want)
+
+
+# ---- a damaged checkpoint -----------------------------------------------------------------------
+
+def _try_resume(target, case, empty, damaged):
+    """resume() on an empty folder, then on the damaged checkpoint: what each raised (or returned)."""
+    m = target.load()
+    seen = []
+    for directory in (empty, damaged):
+        model = random_mlp(case["widths"], case["init_seed"] + 1)
+        dataset = LoggedDataset(*make_data(case["n"], case["widths"][0], case["widths"][-1], case["data_seed"]))
+        opt = case["optimizer"]
+        trainer = m.Trainer(model, dataset, case["global_batch"], opt.cls, case["seed"], case["dropout"],
+                            **opt.kwargs)
+        try:
+            step = trainer.resume(directory)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- reported back to the test process
+            error = getattr(m, "CheckpointError", None)
+            seen.append({"raised": type(e).__name__, "message": str(e),
+                         "is_checkpoint_error": isinstance(error, type) and isinstance(e, error),
+                         "is_runtime_error": isinstance(e, RuntimeError)})
+        else:
+            seen.append({"raised": None, "step": step})
+        dist.barrier()
+    return seen
+
+
+@st.composite
+def damage_cases(draw):
+    case = draw(resume_cases())
+    case["k1"] = min(case["k1"], 3)
+    case["damage"] = draw(st.sampled_from(["deleted", "truncated", "one byte flipped in"]))
+    case["pick"] = draw(st.integers(0, 1000))
+    case["where"] = draw(st.floats(0, 1))
+    return case
+
+
+def _damage(path, how, where):
+    if how == "deleted":
+        os.remove(path)
+        return
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if how == "truncated":
+        data = data[:int(len(data) * where * 0.9)]
+    elif data:
+        i = min(int(len(data) * where), len(data) - 1)
+        data[i] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@hs.fewer_examples(0.3)
+@example(case=dict(_KILL_EXAMPLE, k1=2, damage="one byte flipped in", pick=0, where=0.5))
+@given(case=damage_cases())
+def test_damaged_checkpoint_raises_checkpoint_error_naming_the_file(target, case, shared, request):
+    """A checkpoint with a file missing, truncated or altered makes resume() raise CheckpointError (a
+    RuntimeError) naming that file, on every rank, never a wrong resume; so does a folder with no complete one."""
+    folder = _folder(shared, "damage", request.node.nodeid, case, os.urandom(8))
+    empty = _folder(shared, "empty", request.node.nodeid, case, os.urandom(8))
+    k1 = case["k1"]
+    harness.run(_session, case["n_save"], target, case, folder, k1, False, True, shared_dir=shared)
+    _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
+    newest = os.path.join(folder, f"step_{k1}")
+    files = sorted(f for f in os.listdir(newest) if f != "COMMIT" and os.path.isfile(os.path.join(newest, f)))
+    harness.check(bool(files), f"step_{k1} holds only COMMIT: every rank writes its own part of the checkpoint")
+    name = files[case["pick"] % len(files)]
+    _damage(os.path.join(newest, name), case["damage"], case["where"])
+    what = f"step_{k1}/{name} {case['damage']} (saved on {case['n_save']} rank(s))"
+    seen = harness.run(_try_resume, case["n_resume"], target, case, empty, folder, shared_dir=shared).values
+    for rank, (on_empty, on_damaged) in enumerate(seen):
+        for got, situation, named in ((on_empty, "a folder with no checkpoint", None),
+                                      (on_damaged, f"a checkpoint with {what}", name)):
+            harness.check(got["raised"] is not None,
+                          f"resume() on {situation} returned step {got.get('step')}: it must raise CheckpointError "
+                          "rather than resume from what it cannot trust", rank=rank)
+            harness.check(got["is_checkpoint_error"] and got["is_runtime_error"],
+                          f"resume() on {situation} raised {got['raised']}({got['message']!r}); it must raise "
+                          "CheckpointError, a subclass of RuntimeError", rank=rank)
+            if named is not None:
+                harness.check(named in got["message"],
+                              f"resume() on {situation} raised CheckpointError({got['message']!r}): the message must "
+                              f"name the file, {named}", rank=rank)
