@@ -40,8 +40,9 @@ class Trainer:
         ranks, update this rank's shard with local_optimizer, all-gather the updated parameters, step += 1."""
         raise NotImplementedError
 
-    def save(self, directory: str) -> None:
-        """Collective.  Save the checkpoint of ``self.step`` into ``directory/step_<step>/``: every rank writes
+    def save(self, directory: str, step: int) -> None:
+        """Collective.  Save the checkpoint of step ``step`` (the caller passes ``self.step``) into
+        ``directory/step_<step>/``: every rank writes
         its own part (a temporary name, then a rename), then, after a barrier, one rank writes the commit marker
         ``COMMIT`` last and atomically.  Returns on every rank once COMMIT is in place."""
         raise NotImplementedError

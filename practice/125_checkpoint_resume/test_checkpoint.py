@@ -111,7 +111,7 @@ def _session(target, case, directory, steps, resume, save, check=False, catch=Fa
         out["history"].append(torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]))
         if save:
             with harness.phase("save", step=step):
-                trainer.save(directory)
+                trainer.save(directory, trainer.step)
     if check:
         out["optimizer"] = _optimizer_view(trainer.local_optimizer)
     return out

@@ -89,15 +89,15 @@ class Trainer:
 
     # ---- save: every rank its part (write, rename), a barrier, then one rank commits ----
 
-    def save(self, directory):
-        folder = os.path.join(directory, f"step_{self.step}")
+    def save(self, directory, step):
+        folder = os.path.join(directory, f"step_{step}")
         os.makedirs(folder, exist_ok=True)
         part = {"shard": self.shard.detach().cpu(), "optimizer": _to_cpu(self.local_optimizer.state_dict()),
                 "rng": self.generator.get_state()}
         self._write_part(os.path.join(folder, f"rank_{self.rank}.pt"), part)
         dist.barrier()                                   # every part is in place under its final name
         if self.rank == 0:
-            self._commit(folder)
+            self._commit(folder, step)
         dist.barrier()                                   # save returns once the checkpoint is committed
 
     @staticmethod
@@ -105,10 +105,10 @@ class Trainer:
         torch.save(part, path + ".tmp")
         os.replace(path + ".tmp", path)                  # a file under its final name is always whole
 
-    def _commit(self, folder):
+    def _commit(self, folder, step):
         """COMMIT lists every part with its sha256; it appears whole (rename) and last."""
         files = {f"rank_{r}.pt": _sha256(os.path.join(folder, f"rank_{r}.pt")) for r in range(self.world)}
-        meta = {"step": self.step, "world_size": self.world, "numel": self.numel, "files": files}
+        meta = {"step": step, "world_size": self.world, "numel": self.numel, "files": files}
         with open(os.path.join(folder, MARKER + ".tmp"), "w") as f:
             json.dump(meta, f)
         os.replace(os.path.join(folder, MARKER + ".tmp"), os.path.join(folder, MARKER))

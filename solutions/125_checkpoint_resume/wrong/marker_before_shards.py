@@ -11,11 +11,11 @@ REJECTED_BY = "test_killed_save_leaves_the_last_complete_checkpoint"
 
 
 class Trainer(ref.Trainer):
-    def save(self, directory):
-        folder = os.path.join(directory, f"step_{self.step}")
+    def save(self, directory, step):
+        folder = os.path.join(directory, f"step_{step}")
         os.makedirs(folder, exist_ok=True)
         if self.rank == 0:
-            meta = {"step": self.step, "world_size": self.world, "numel": self.numel,
+            meta = {"step": step, "world_size": self.world, "numel": self.numel,
                     "files": {f"rank_{r}.pt": None for r in range(self.world)}}
             with open(os.path.join(folder, ref.MARKER), "w") as f:
                 json.dump(meta, f)

@@ -21,10 +21,10 @@ class Trainer(ref.Trainer):
     def _write_part(path, part):
         _write_durably(path, part)
 
-    def _commit(self, folder):
+    def _commit(self, folder, step):
         files = {f"rank_{r}.pt": ref._sha256(os.path.join(folder, f"rank_{r}.pt")) for r in range(self.world)}
         _write_durably(os.path.join(folder, ref.MARKER),
-                       {"step": self.step, "world_size": self.world, "numel": self.numel, "files": files})
+                       {"step": step, "world_size": self.world, "numel": self.numel, "files": files})
 
     def _newest_complete(self, directory):
         steps = [int(e[5:]) for e in os.listdir(directory)
