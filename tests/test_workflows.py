@@ -178,7 +178,10 @@ def test_watch_judges_every_save_as_saved_in_one_warm_test_process(tmp_path):
     env = dict(os.environ, KIT_STATE_DIR=str(tmp_path), NO_COLOR="1")
     proc = subprocess.Popen([sys.executable, "judge.py", "113", "--watch", "--target", str(mine), "-k",
                              "test_bucket_contract"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
+                            text=True, env=env, start_new_session=True,
+                            # Ctrl-C as a terminal gives it, even when the suite runs in a background job
+                            # (started with `&`, it ignores SIGINT, and children inherit that)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _read_until(proc, "score: 3/3")
         warm = set(_processes_with(marker)) - {proc.pid}
