@@ -5,8 +5,13 @@ import os
 import time
 
 
-def watch(path: str, on_change, poll: float = 0.5, max_runs: int | None = None):
-    """Call ``on_change()`` now and after every save of ``path`` (mtime or size changes)."""
+def watch(path: str, on_change, poll: float = 0.5, max_runs: int | None = None, settle: float = 0.1):
+    """Call ``on_change()`` now and after every save of ``path`` (mtime or size changes).
+
+    A save is taken once the file has stopped changing for ``settle`` seconds: an editor's save
+    truncates the file before it writes it, and a judge of that empty moment would score a file
+    nobody wrote.
+    """
     def stamp():
         try:
             st = os.stat(path)
@@ -17,6 +22,9 @@ def watch(path: str, on_change, poll: float = 0.5, max_runs: int | None = None):
     while max_runs is None or runs < max_runs:
         current = stamp()
         if current != last:
+            time.sleep(settle)
+            if stamp() != current:
+                continue   # still being written: look again
             last = current
             on_change()
             runs += 1

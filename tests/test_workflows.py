@@ -142,6 +142,25 @@ def test_watch_rejudges_after_each_save(tmp_path):
     assert runs == ["v1", "v2", "v3 is longer"]
 
 
+def test_watch_waits_for_a_save_to_finish(tmp_path):
+    """A save that truncates first and writes a moment later is judged once, whole, never as the empty file."""
+    watched = tmp_path / "mine.py"
+    watched.write_text("v1")
+    runs = []
+    thread = threading.Thread(target=watch, args=(str(watched), lambda: runs.append(watched.read_text())),
+                              kwargs={"poll": 0.02, "max_runs": 2, "settle": 1.0}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not runs and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with open(watched, "w") as f:   # the editor's save: truncate, then write a little later
+        f.flush()
+        time.sleep(0.2)
+        f.write("v2, written whole")
+    thread.join(10)
+    assert runs == ["v1", "v2, written whole"]
+
+
 def _processes_with(marker: str) -> list[int]:
     """Live processes whose environment holds ``marker`` (each test gives its own KIT_STATE_DIR)."""
     found = []

@@ -13,9 +13,7 @@ over the group's ranks; DDP writes that into each parameter's .grad.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-
-_ALL_REDUCE = dist.all_reduce   # the collective the hooks use; async_op=True gives a work with get_future()
+import torch.distributed as dist   # noqa: F401  (the hooks all-reduce with async_op=True: a work with get_future())
 
 
 class BF16State:
