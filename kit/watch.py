@@ -5,7 +5,7 @@ import os
 import time
 
 
-def watch(path: str, on_change, poll: float = 0.5, max_runs: int | None = None, settle: float = 0.1):
+def watch(path: str, on_change, poll: float = 0.2, max_runs: int | None = None, settle: float = 0.1):
     """Call ``on_change()`` now and after every save of ``path`` (mtime or size changes).
 
     A save is taken once the file has stopped changing for ``settle`` seconds: an editor's save
