@@ -89,6 +89,10 @@ def _describe(case, what):
             f"bucket_cap_mb={case['cap_mb']}")
 
 
+def powersgd_with_r(case):
+    return f"powersgd_hook with r={case['r']}"
+
+
 def backward_bytes(trace, rank, step):
     return sum(op.in_bytes for op in trace.ops(rank, phase="backward", step=step))
 
@@ -186,7 +190,7 @@ def test_powersgd_bytes_are_the_low_rank_size(target, case):
         for step in range(case["steps"]):
             sent = backward_bytes(trace, rank, step)
             harness.check(sent == want,
-                          f"{_describe(case, f'powersgd_hook with r={case[chr(114)]}')}: the backward pass's "
+                          f"{_describe(case, powersgd_with_r(case))}: the backward pass's "
                           f"collectives carried {sent} bytes; P and Q ((n + m) * min(n, m, r) elements per weight) "
                           f"plus the 1-D biases are {want} bytes in float64 (uncompressed: {full})",
                           rank=rank, step=step)
@@ -212,7 +216,7 @@ def test_powersgd_full_rank_is_exact(target, case):
     """PowerSGD with r >= min(n, m): every gradient is the exact average over ranks, at every step."""
     values, _ = _run(target, "powersgd_hook", case, torch.float64)
     for rank, step, name, got, want in against_exact_average(case, values):
-        harness.assert_close(got, want, f"{_describe(case, f'powersgd_hook with r={case[chr(114)]}')}: "
+        harness.assert_close(got, want, f"{_describe(case, powersgd_with_r(case))}: "
                              f"{name}.grad against the exact average over ranks (with r >= min(n, m), "
                              "P Q^T reproduces the matrix)", rank=rank, step=step, atol=1e-10, rtol=1e-7)
 
@@ -246,7 +250,7 @@ def test_powersgd_is_a_rank_r_projection_with_error_feedback(target, case):
             r = min(rows, cols, case["r"])
             scale = float(torch.linalg.matrix_norm(M, 2))
             sv = torch.linalg.svdvals(R0)
-            what = f"{_describe(case, f'powersgd_hook with r={case[chr(114)]}')}: {name}.grad ({rows} x {cols})"
+            what = f"{_describe(case, powersgd_with_r(case))}: {name}.grad ({rows} x {cols})"
             harness.check(float(sv[r - 1]) > 1e-6 * scale and (len(sv) == r or float(sv[r]) <= 1e-8 * scale),
                           f"{what} has singular values {[round(float(s), 8) for s in sv]}, but a rank-{r} "
                           f"approximation P Q^T of a matrix with largest singular value {scale:.4g} has exactly "
