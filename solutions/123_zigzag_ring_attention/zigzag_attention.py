@@ -117,21 +117,27 @@ class ZigzagAttention:
 
     def backward(self, ring, q, k, v, out, lse, dout):
         """P = exp(S - lse), recomputed per block.  dK, dV travel with their shard; one last hop takes them home."""
-        c, scale = q.shape[SEQ] // 2, 1 / math.sqrt(q.shape[-1])
         delta = (dout * out).sum(-1, keepdim=True)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        qs, lses, douts, deltas, dqs = (t.split(c, SEQ) for t in (q, lse, dout, delta, dq))
         for source, k, v in self.around(ring, k, v):
-            ks, vs, dks, dvs = (t.split(c, SEQ) for t in (k, v, dk, dv))
-            for a, b, mask in self.blocks(ring, source, c, q.device):
-                p = torch.exp(self.scores(qs[a], ks[b], mask) - lses[a])
-                ds = p * (douts[a] @ vs[b].transpose(-1, -2) - deltas[a]) * scale
-                dvs[b].add_(p.transpose(-1, -2) @ douts[a])
-                dqs[a].add_(ds @ ks[b])
-                dks[b].add_(ds.transpose(-1, -2) @ qs[a])
+            self.add_block_grads(ring, source, (q, lse, dout, delta, dq), (k, v, dk, dv))
             if ring.size > 1:
                 dk, dv = ring.hop(dk, dv)()
         return dq, dk, dv
+
+    def add_block_grads(self, ring, source, queries, shard):
+        """Add the gradients of every block of this rank's queries against ``source``'s K/V shard, in place:
+        into dq (queries: q, lse, dout, delta, dq) and into the shard's dk, dv (shard: k, v, dk, dv)."""
+        q = queries[0]
+        c, scale = q.shape[SEQ] // 2, 1 / math.sqrt(q.shape[-1])
+        qs, lses, douts, deltas, dqs = (t.split(c, SEQ) for t in queries)
+        ks, vs, dks, dvs = (t.split(c, SEQ) for t in shard)
+        for a, b, mask in self.blocks(ring, source, c, q.device):
+            p = torch.exp(self.scores(qs[a], ks[b], mask) - lses[a])
+            ds = p * (douts[a] @ vs[b].transpose(-1, -2) - deltas[a]) * scale
+            dvs[b].add_(p.transpose(-1, -2) @ douts[a])
+            dqs[a].add_(ds @ ks[b])
+            dks[b].add_(ds.transpose(-1, -2) @ qs[a])
 
 
 class _ZigzagFunction(torch.autograd.Function):
