@@ -35,8 +35,8 @@ _EXPORTS = {
     "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool",
     "per_rank": "inputs", "PerRank": "inputs",
     "defaults": "config", "RunDefaults": "config",
-    "prestart": "_boot",
-    "phase": "_recorder",
+    "prestart": "world.boot",
+    "phase": "record.recorder",
     "device": "devices", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
@@ -45,7 +45,7 @@ _EXPORTS = {
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
     "TargetError": "errors", "raised_by_stub": "errors", "BackendUnavailable": "errors", "WorldSkipped": "errors",
-    "gpu_count": "devices", "KillAt": "faults", "Killed": "faults",
+    "gpu_count": "devices", "KillAt": "probes.kill", "Killed": "probes.kill",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -42,7 +42,7 @@ from itertools import compress
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from ._recorder import active as _active_recorder
+from .record.recorder import active as _active_recorder
 
 # Bound once, at import: later patches of gc, weakref, torch.Tensor or torch.UntypedStorage change nothing here.
 _get_objects, _collect, _freeze_count, _unfreeze = gc.get_objects, gc.collect, gc.get_freeze_count, gc.unfreeze

@@ -17,11 +17,11 @@ import cloudpickle
 from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
 from .devices import AUDIT_DEVICE, gpu_count
 from .errors import BackendUnavailable, HangError, HangStopped, WorldSkipped
-from .faults import KillAt, Killed
-from .policy import Policy
+from .probes.kill import KillAt, Killed
+from .record.policy import Policy
 from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
-from .world import World
+from .world.world import World
 
 _WORLDS: dict[tuple, World] = {}
 

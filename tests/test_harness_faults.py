@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import _sandbox, pool
+from harness import pool, sandbox as _sandbox
 
 from tests.harness_helpers import rank_pid
 

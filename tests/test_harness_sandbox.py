@@ -6,7 +6,7 @@ socket or signals, while right-sized decoy sends keep every trace property happy
 test below is one such attack: it must fail on the rank with a PermissionError (reported
 as ``harness.RankError``).  The rest check that ordinary distributed code still works.
 
-``rank_main`` confines every rank (``harness._sandbox.confine``) before
+``rank_main`` confines every rank (``harness.sandbox.confine``) before
 ``init_process_group``; where it does not (yet), each rank function here confines its own
 rank first, and the worlds are shut down afterwards.  Where the kernel has no Landlock,
 every test skips with the reason.
@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import _landlock, _sandbox
+from harness import sandbox as _sandbox
+from harness.sandbox import landlock as _landlock
 
 N = 2
 TIMEOUT = 30

@@ -439,17 +439,17 @@ def replace_the_public_phase():
 
 
 def shadow_a_method_of_the_recorders_group_half():
-    from harness._recorder import Recorder
+    from harness.record.recorder import Recorder
     Recorder.check_untampered = lambda self: None
 
 
 def silence_the_waits():
-    from harness._recorder import Recorder
+    from harness.record.recorder import Recorder
     Recorder.waiting = lambda self, work: None   # what a cheating submission tried (tests/test_workflows.py)
 
 
 def unplug_the_kernels_from_the_recorder():
-    from harness import _kernels
+    from harness.record import kernels as _kernels
     _kernels.active = lambda: None
 
 
@@ -462,7 +462,7 @@ def hide_memory_from_the_measurement():
     (replace_the_public_phase, "harness.phase"),
     (shadow_a_method_of_the_recorders_group_half, "Recorder.check_untampered"),
     (silence_the_waits, "Recorder.waiting"),
-    (unplug_the_kernels_from_the_recorder, "harness._kernels.active"),
+    (unplug_the_kernels_from_the_recorder, "harness.record.kernels.active"),
     (hide_memory_from_the_measurement, "harness.memory.live_storages"),
 ], ids=lambda x: getattr(x, "__name__", None))
 def test_replacing_a_piece_of_the_tracer_is_caught(attack, piece):
@@ -477,7 +477,7 @@ def test_replacing_a_piece_of_the_tracer_is_caught(attack, piece):
 def _streamed_digest(world_size: int, rank: int) -> str:
     """``ops_digest`` of each op's last streamed form, as the test process received it."""
     from harness import pool
-    from harness.policy import ops_digest
+    from harness.record.policy import ops_digest
     last = {}
     for event in pool._WORLDS[(world_size, "gloo", None)].records[rank].raw_events():
         if event.get("ev") in ("issue", "wait", "done"):
@@ -486,7 +486,7 @@ def _streamed_digest(world_size: int, rank: int) -> str:
 
 
 def honest_ops_then_the_recorders_digest():
-    from harness._recorder import active
+    from harness.record.recorder import active
     run_calls(["all_reduce", "isend_irecv", "functional_all_reduce", "all_to_all_single_uneven"], False, True)
     return active().digest()
 
@@ -500,7 +500,7 @@ def test_the_recorders_digest_matches_the_stream_for_honest_code():
 def make_room_for_an_untraced_op():
     """Rename a traced all_reduce as a list reduce_scatter (gloo counts it twice on 2 ranks), then run one
     all_reduce the tracer cannot see: the counters balance, and the test process never hears of it."""
-    from harness._recorder import active
+    from harness.record.recorder import active
     dist.all_reduce(torch.ones(2))
     active().ops[0]["name"] = "c10d.reduce_scatter_.default"
     untraced_all_reduce(None)

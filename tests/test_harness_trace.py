@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness.policy import Policy
+from harness.record.policy import Policy
 from tests.harness_helpers import source_at
 
 

@@ -55,7 +55,7 @@ def send_a_pickled_reply_with_the_stolen_token(marker):
 
 
 def stream_a_pickled_record(marker):
-    from harness._recorder import active
+    from harness.record.recorder import active
     os.write(active().flight_fd, _hostile_pickle(marker) + b"\n")
     return 1
 
@@ -81,7 +81,7 @@ def test_a_return_value_that_is_not_plain_data_is_a_clear_error():
 # ---- the record of communication is the test process's ---------------------------------------------
 
 def all_reduce_then_rewrite_the_record():
-    from harness._recorder import active
+    from harness.record.recorder import active
     t = torch.ones(4)
     dist.all_reduce(t)
     active().ops[0].update(kind="broadcast", in_bytes=1, site="elsewhere.py:1")
@@ -94,7 +94,7 @@ def test_rewriting_op_records_after_the_fact_is_caught():
 
 
 def all_reduce_then_forge_a_phase():
-    from harness._recorder import active
+    from harness.record.recorder import active
     dist.all_reduce(torch.ones(4))
     active().phases.append({"rank": dist.get_rank(), "name": "forged", "step": 0, "start": 0, "end": 1})
 
@@ -108,8 +108,8 @@ def test_a_phase_added_after_the_fact_is_not_in_the_trace():
 
 
 def clear_the_policy_then_all_reduce():
-    from harness._recorder import active
-    from harness.policy import Policy
+    from harness.record.recorder import active
+    from harness.record.policy import Policy
     active().policy = Policy()
     dist.all_reduce(torch.ones(2))
 
@@ -121,7 +121,7 @@ def test_clearing_the_policy_inside_the_rank_does_not_lift_it():
 
 def stream_a_forged_record():
     import json
-    from harness._recorder import active
+    from harness.record.recorder import active
     recorder = active()
     forged = {"ev": "issue", "i": 0, "op": {"rank": dist.get_rank(), "index": 0, "kind": "all_reduce",
                                              "name": "c10d.allreduce_.default", "shapes": [[4]],

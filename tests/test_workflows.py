@@ -254,7 +254,7 @@ def _sync_all_reduce(flat):
     return _Done()
 
 
-import harness._recorder as _t
+import harness.record.recorder as _t
 _t.Recorder.waiting = lambda self, work: None
 """)
     out_csv = tmp_path / "grades.csv"

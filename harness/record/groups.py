@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .errors import TraceTampered
+from ..errors import TraceTampered
 
 _C10D = torch._C._distributed_c10d
 

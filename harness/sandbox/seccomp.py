@@ -12,7 +12,7 @@ import os
 import platform
 import struct
 
-from ._landlock import libc, machine
+from .landlock import libc, machine
 
 _SECCOMP = {"x86_64": 317, "aarch64": 277}   # the seccomp syscall's number
 _IPC_CALLS = {

@@ -8,7 +8,7 @@ import multiprocessing as mp
 from multiprocessing import forkserver, popen_forkserver, spawn
 
 CONTEXT = mp.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["harness._rank"])
+CONTEXT.set_forkserver_preload(["harness.world.rank"])
 
 
 def prestart():
@@ -52,5 +52,5 @@ class RankProcess(CONTEXT.Process):
 
 
 def _rank_entry(*args):
-    from ._rank import rank_main
+    from .rank import rank_main
     rank_main(*args)

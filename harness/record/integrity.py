@@ -14,17 +14,18 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ._groups import GroupCounters
-from ._kernels import backend_classes
-from ._ops import BACKEND_METHODS, ComputeCounter
-from ._recorder import Recorder, active, phase
-from .errors import TraceTampered
-from .memory import Held, SavedForBackward, Storages, live_storages, live_tensor_bytes, saved_for_backward
+from .groups import GroupCounters
+from .kernels import backend_classes
+from .ops import BACKEND_METHODS, ComputeCounter
+from .recorder import Recorder, active, phase
+from ..errors import TraceTampered
+from ..memory import Held, SavedForBackward, Storages, live_storages, live_tensor_bytes, saved_for_backward
 from .policy import Policy
 
 _C10D = torch._C._distributed_c10d
+_FRONT_MODULE = __package__.rpartition(".")[0]   # harness
 # the tracer's own modules: every global in them is fixed once ``install`` has run
-_TRACER_MODULES = ("_ops", "_groups", "_recorder", "_kernels", "_integrity", "policy")
+_TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy")
 # what the package front hands out for these names (it resolves them lazily; pinned here at once)
 _FRONT = {"phase": phase, "live_tensor_bytes": live_tensor_bytes, "live_storages": live_storages,
           "saved_for_backward": saved_for_backward}
@@ -54,10 +55,10 @@ def _front_pieces() -> list:
     Read from ``sys.modules`` (the front is loaded: this module is inside it), written as its own lazy
     ``__getattr__`` would on first use, so a later replacement of ``harness.phase`` shows.
     """
-    front = vars(sys.modules[__package__])
+    front = vars(sys.modules[_FRONT_MODULE])
     for name, value in _FRONT.items():
         front.setdefault(name, value)
-    return [(sys.modules[__package__], name) for name in _FRONT]
+    return [(sys.modules[_FRONT_MODULE], name) for name in _FRONT]
 
 
 def integrity_snapshot():

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .errors import ForbiddenOp
-from .trace import COLLECTIVE_KINDS, P2P_KINDS
+from ..errors import ForbiddenOp
+from ..trace import COLLECTIVE_KINDS, P2P_KINDS
 
 _KNOWN_KINDS = frozenset(COLLECTIVE_KINDS + P2P_KINDS)
 

@@ -15,15 +15,15 @@ import shutil
 import tempfile
 import time
 
-from ._boot import CONTEXT, RankProcess
-from ._diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks, hang_message, is_gloo_fallout,
+from .boot import CONTEXT, RankProcess
+from .diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks, hang_message, is_gloo_fallout,
                         rank_error)
-from .errors import HangError, RankCrashed, TraceTampered
-from .faults import Killed, killed_from
-from .inputs import own_inputs
-from .policy import Policy
+from ..errors import HangError, RankCrashed, TraceTampered
+from ..probes.kill import Killed, killed_from
+from ..inputs import own_inputs
+from ..record.policy import Policy
 from .records import RecordStream, build_trace, check_record, ops_balanced
-from .trace import Trace
+from ..trace import Trace
 from .wire import Reply, WireError, dump_function, dumps
 
 _START_TIMEOUT = 60.0

@@ -42,9 +42,9 @@ import glob
 import os
 import tempfile
 
-from ._landlock import (READ, SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL, SHARED_MEMORY, Unavailable, landlock_abi,
+from .landlock import (READ, SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL, SHARED_MEMORY, Unavailable, landlock_abi,
                         read_rules, restrict_self, unavailable_reason, write_rules)
-from ._seccomp import deny_ipc
+from .seccomp import deny_ipc
 
 __all__ = ["confine", "guard_store", "hint", "landlock_abi", "unavailable_reason", "STATUS", "STORE_GUARDED"]
 

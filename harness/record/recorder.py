@@ -19,18 +19,17 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
-from ._groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
-from ._ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, ComputeCounter, functional_out_bytes, nbytes_of,
+from .groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
+from .ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, ComputeCounter, functional_out_bytes, nbytes_of,
                    perturbed_copies, tensors_in, with_argument)
-from ._diagnose import short_path
+from ..world.diagnose import ENGINE_DIR, short_path
 from .policy import Policy, ops_digest
-from .trace import P2P_KINDS
+from ..trace import P2P_KINDS
 
 _FLIGHT_LOCK = threading.Lock()
 _C10D = torch._C._distributed_c10d
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP_DIRS = (_TORCH_DIR, _HARNESS_DIR, os.path.dirname(threading.__file__))
+_SKIP_DIRS = (_TORCH_DIR, ENGINE_DIR, os.path.dirname(threading.__file__))
 
 
 def user_frame(frame):

@@ -32,10 +32,10 @@ import functools
 import torch
 import torch.distributed as dist
 
-from ._groups import ranks_of
-from ._ops import BACKEND_METHODS, FUNCTIONAL_KINDS, KINDS, tensors_in
-from ._recorder import Recorder, activate, active
-from .errors import ForbiddenOp
+from .groups import ranks_of
+from .ops import BACKEND_METHODS, FUNCTIONAL_KINDS, KINDS, tensors_in
+from .recorder import Recorder, activate, active
+from ..errors import ForbiddenOp
 
 _C10D = torch._C._distributed_c10d
 _LIBRARIES: list = []   # keeps the kernel registrations alive

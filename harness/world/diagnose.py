@@ -7,14 +7,14 @@ import re
 import signal
 import time
 
-from .errors import ForbiddenOp, NotImplementedYet, RankError, TraceTampered, raised_by_stub
+from ..errors import ForbiddenOp, NotImplementedYet, RankError, TraceTampered, raised_by_stub
 
-_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # harness/, whatever module asks
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
 
 
 def _is_library(path: str) -> bool:
-    return (path.startswith(_HARNESS_DIR) or "/site-packages/" in path or "/lib/python3" in path
+    return (path.startswith(ENGINE_DIR) or "/site-packages/" in path or "/lib/python3" in path
             or path.startswith("<"))
 
 

@@ -21,20 +21,19 @@ import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
-from ._integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
-from ._kernels import install
-from ._diagnose import short_path
-from ._sandbox import confine, guard_store, hint
-from .devices import device, made_without_a_device_land_on, on_rank_device
-from .errors import ForbiddenOp, TraceTampered
-from .faults import arm
+from ..record.integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
+from ..record.kernels import install
+from .diagnose import ENGINE_DIR, short_path
+from ..sandbox import confine, guard_store, hint
+from ..devices import device, made_without_a_device_land_on, on_rank_device
+from ..errors import ForbiddenOp, TraceTampered
+from ..probes.kill import arm
 from .wire import Reply, WireError
 
-_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 # Process groups that calls created and never destroyed, before the world is replaced: each one
 # holds sockets and threads in every member (about 5 fds and 3 threads per call at N=2).
 _MAX_GROUPS = 32
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__), _HARNESS_DIR, os.path.dirname(os.__file__))
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__), ENGINE_DIR, os.path.dirname(os.__file__))
 
 
 def _die_with_parent():

@@ -13,10 +13,10 @@ import dataclasses
 import json
 import os
 
-from ._boot import CONTEXT
-from .errors import ForbiddenOp, TraceTampered
-from .policy import Policy, ops_digest
-from .trace import CommOp, PhaseSpan, Trace
+from .boot import CONTEXT
+from ..errors import ForbiddenOp, TraceTampered
+from ..record.policy import Policy, ops_digest
+from ..trace import CommOp, PhaseSpan, Trace
 
 _WAIT_FIELDS = ("wait_start", "wait_end", "blocking", "compute_between")   # all that a wait may add to a record
 _OP_FIELDS = {f.name for f in dataclasses.fields(CommOp)}
