@@ -32,7 +32,7 @@ does not import torch.
 import importlib
 
 _EXPORTS = {
-    "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool",
+    "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool", "protections": "pool",
     "per_rank": "inputs", "PerRank": "inputs",
     "defaults": "config", "RunDefaults": "config",
     "prestart": "world.boot",

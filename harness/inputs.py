@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from .target import Target
+
 
 class PerRank:
     """An argument that differs by rank: rank r receives ``values[r]`` and never sees the others.
@@ -28,14 +30,25 @@ def per_rank(values) -> PerRank:
 
 
 def own_inputs(args, kwargs, rank: int, world_size: int):
-    """This rank's view of a call's arguments: each ``PerRank`` replaced by its own entry."""
+    """This rank's view of a call's arguments: each ``PerRank`` replaced by its own entry, and each
+    ``Target`` carrying its file's text (a rank reads no file of the test process's)."""
     def own(value):
         if not isinstance(value, PerRank):
-            return value
+            return _with_sources(value)
         if len(value.values) != world_size:
             raise ValueError(f"per_rank(...) holds {len(value.values)} values for a world of {world_size} ranks")
-        return _without_shared_storage(value.values[rank])
+        return _with_sources(_without_shared_storage(value.values[rank]))
     return tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}
+
+
+def _with_sources(value):
+    if isinstance(value, Target):
+        return value.with_source()
+    if type(value) in (list, tuple):
+        return type(value)(_with_sources(v) for v in value)
+    if type(value) is dict:
+        return {k: _with_sources(v) for k, v in value.items()}
+    return value
 
 
 def _without_shared_storage(value):

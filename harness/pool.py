@@ -21,9 +21,12 @@ from .probes.kill import KillAt, Killed
 from .record.policy import Policy
 from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
+from .world.setup import SandboxSpec
 from .world.world import World
+from .sandbox.status import summarise
 
 _WORLDS: dict[tuple, World] = {}
+_PROTECTIONS: dict = {}   # the protections of the worlds started so far (``protections``)
 
 
 @dataclass
@@ -88,7 +91,8 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     kept = kept_result(kept_as)
     if kept is not None:
         return _result(*kept, given)
-    key = (world_size, backend, shared_dir)
+    sandbox = SandboxSpec(given.hidden, given.landlock)
+    key = (world_size, backend, shared_dir, sandbox)
     world = _WORLDS.get(key)
     if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
         if world is not None:
@@ -96,7 +100,8 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
         if shared_dir is not None:   # one shared-folder world per size: tests often use a folder each
             for other in [k for k in _WORLDS if k[:2] == key[:2] and k[2] is not None]:
                 _WORLDS.pop(other).close()
-        world = _WORLDS[key] = World(world_size, backend, shared_dir)
+        world = _WORLDS[key] = World(world_size, backend, shared_dir, sandbox)
+        _PROTECTIONS.update(summarise(world.protections, _PROTECTIONS))
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
@@ -167,6 +172,13 @@ def shutdown():
         world.close()
     _WORLDS.clear()
     forget_kept()
+
+
+def protections() -> dict:
+    """What confined the ranks of the worlds this process started (plain data for reports): each measure's
+    state as the ranks reported it before any code under test ran, the weakest where ranks differ, and
+    ``sealed``: whether every measure was in force.  Empty before the first world."""
+    return dict(_PROTECTIONS)
 
 
 def live_rank_pids() -> list[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 from collections import OrderedDict
 
 import io
@@ -40,8 +39,7 @@ def call_key(fn, world_size: int, backend: str, args: tuple, kwargs: dict, polic
     digest = hashlib.sha256(pickled)
     digest.update(repr(id(fn)).encode())   # two functions of one name (a redefinition) are different calls
     for target in _targets((args, kwargs)):
-        st = os.stat(target.path)
-        digest.update(f"{target.path}:{st.st_mtime_ns}:{st.st_size}".encode())
+        digest.update(target.digest().encode())
     return digest.hexdigest()
 
 

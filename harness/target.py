@@ -3,14 +3,21 @@
 The test process never imports learner code: it only checks, with ``ast``, that
 the file parses and defines the required names.  So a submission cannot patch
 the test process, and a syntax error becomes a clear ``TargetError``.
+
+The file travels to the ranks by content (``source``), read once in the test process: a rank
+needs no access to the folder it lives in (the kit's own folders are hidden from ranks, and a
+rank may run as another uid than the judge's), and every rank runs exactly the text that was
+validated, however the file changes on disk meanwhile.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
-import importlib.util
+import linecache
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 
 from .errors import TargetError
@@ -22,13 +29,21 @@ _LOADED: dict = {}
 class Target:
     path: str
     names: tuple = field(default=())   # the public names the problem requires
+    source: str | None = field(default=None, repr=False, compare=False)   # the file's text, once read
+
+    def with_source(self) -> "Target":
+        """This target carrying its file's text (read now, unless it already carries it)."""
+        if self.source is not None:
+            return self
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            return dataclasses.replace(self, source=f.read())
 
     def validate(self) -> "Target":
         """Check the file without running it.  Raises TargetError in plain words."""
         if not os.path.isfile(self.path):
             raise TargetError(f"target file not found: {self.path}")
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            source = f.read()
+        target = self.with_source()
+        source = target.source
         try:
             tree = ast.parse(source, filename=self.path)
         except SyntaxError as e:
@@ -38,19 +53,26 @@ class Target:
         if missing:
             raise TargetError(f"{self.path} does not define {', '.join(missing)} "
                               f"(the problem needs: {', '.join(self.names)})")
-        return self
+        return target
+
+    def digest(self) -> str:
+        """What names this target's content (the file's text)."""
+        return hashlib.sha256(f"{os.path.abspath(self.path)}\0{self.with_source().source}".encode()).hexdigest()
 
     def load(self):
-        """Import the file (inside a rank), once per content; returns the module."""
-        st = os.stat(self.path)
-        key = (os.path.abspath(self.path), st.st_mtime_ns, st.st_size)
+        """Import the file's text (inside a rank), once per content; returns the module.  Tracebacks and
+        hang reports show its lines: the text is in ``linecache`` under the file's own name."""
+        target = self.with_source()
+        key = target.digest()
         module = _LOADED.get(key)
         if module is None:
-            name = "kit_target_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(name, self.path)
-            module = importlib.util.module_from_spec(spec)
+            path = os.path.abspath(self.path)
+            name = "kit_target_" + key[:12]
+            module = types.ModuleType(name)
+            module.__file__ = path
             sys.modules[name] = module
-            spec.loader.exec_module(module)
+            linecache.cache[path] = (len(target.source), None, target.source.splitlines(True), path)
+            exec(compile(target.source, path, "exec"), vars(module))
             _LOADED[key] = module
         return module
 

@@ -6,17 +6,18 @@ or hang in it can never take the judge down, and the learner's file is only ever
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .catalogue import Problem
+from .channel import Events, Lifeline, scratch
 from .config import ROOT, KitConfig
 
 
@@ -66,6 +67,7 @@ class Verdict:
     elapsed: float = 0.0
     tests_dir: str = ""
     stderr: str = ""
+    protections: dict = field(default_factory=dict)   # what confined the ranks, as the engine reported it
 
     @property
     def score(self) -> float:
@@ -83,11 +85,11 @@ class Verdict:
         return [t for t in self.tests if not t.passed]
 
 
-def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: str | None = None,
+def pytest_command(config: KitConfig, tests_dir: str, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
                    trace_dir: str | None = None) -> list:
     cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "kit.plugin",
-           "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"), "--kit-report", report,
+           "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"),
            "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider", *config.pytest_args()]
     if targets is not None:
         cmd += ["--kit-targets", json.dumps(targets)]
@@ -102,35 +104,44 @@ def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: st
     return cmd
 
 
-def run_pytest(cmd: list, env: dict, timeout: float, report: str, progress=None) -> subprocess.CompletedProcess:
+@dataclass
+class Run:
+    """What one test run gave the judge: its exit code, its output, and the report from the events pipe."""
+    returncode: int | None
+    stdout: str
+    report: dict | None
+
+
+def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> Run:
     """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it.
 
-    Done as soon as the ``report`` file appears (the plugin writes it whole, last thing in the
-    session): the process group is then ended at once, instead of waiting about 2 s for pytest,
-    the forkserver and the ranks to tear torch down.  ``progress(event)`` receives the plugin's
-    progress events (dicts: collected, start, example, end, phase) as they happen.
+    The verdict arrives on the events pipe (``channel``), last thing in the session; the process
+    group is then ended at once, instead of waiting about 2 s for pytest, the forkserver and the
+    ranks to tear torch down.  ``progress(event)`` receives the plugin's progress events (dicts:
+    collected, start, example, end, phase) as they happen.  The lifeline ends the test process if
+    this judge dies, and its deadline if the judge is stuck.
     """
-    read_fd = write_fd = None
-    if progress is not None:
-        read_fd, write_fd = os.pipe()
-        cmd = cmd + ["--kit-progress-fd", str(write_fd)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, pass_fds=(write_fd,) if write_fd is not None else ())
-    readers = [_thread(_read_output, proc.stdout, output := [])]
-    if write_fd is not None:
-        os.close(write_fd)
-        readers.append(_thread(read_progress, read_fd, progress))
-    deadline = time.monotonic() + timeout
-    try:
-        while proc.poll() is None and not os.path.exists(report):
-            if time.monotonic() > deadline:
+    events, lifeline = Events(progress), Lifeline()
+    cmd = cmd + events.args() + lifeline.args(timeout + _GRACE)
+    with scratch("run-") as tmp:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                pass_fds=(events.write_fd, lifeline.read_fd))
+        events.started()
+        lifeline.started()
+        reader = _thread(_read_output, proc.stdout, output := [])
+        try:
+            if not events.arrived.wait(timeout):
                 raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
-            time.sleep(0.02)
-    finally:   # also on Ctrl-C and on a timeout
-        kill_group(proc)
-        for reader in readers:
+        finally:   # also on Ctrl-C and on a timeout
+            kill_group(proc)
+            lifeline.cut()
             reader.join(timeout=2)
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(output), "")
+            events.join()
+    return Run(proc.returncode, "".join(output), events.report)
+
+
+_GRACE = 5.0   # the test process's own deadline is the judge's, a little later: the judge says why first
 
 
 def _thread(target, *args) -> threading.Thread:
@@ -142,19 +153,6 @@ def _thread(target, *args) -> threading.Thread:
 def _read_output(stream, into: list):
     for line in stream:
         into.append(line)
-
-
-def read_progress(fd: int, progress):
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as stream:
-        for line in stream:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            try:
-                progress(event)
-            except Exception:   # a display problem must never stop the judge
-                pass
 
 
 def kill_group(proc):
@@ -186,33 +184,60 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
     if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
         raise UsageError(f"no test_*.py files in {tests_dir}")
     seed = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
-    with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
-        report = os.path.join(tmp, "report.json")
-        cmd = pytest_command(config, tests_dir, report, target=target, targets=targets, seed=seed,
-                             select=select, trace_dir=trace_dir)
-        started = time.perf_counter()
-        done = runner(cmd, env_for_tests(), timeout, report, progress)
-        elapsed = time.perf_counter() - started
-        if not os.path.exists(report):
-            raise InternalError(f"the test run for problem {problem.number} produced no report "
-                                f"(exit code {done.returncode}):\n{_tail(done.stdout)}")
-        with open(report, encoding="utf-8") as f:
-            data = json.load(f)
+    cmd = pytest_command(config, tests_dir, target=target, targets=targets, seed=seed, select=select,
+                         trace_dir=trace_dir)
+    started = time.perf_counter()
+    done = runner(cmd, env_for_tests(), timeout, progress)
+    elapsed = time.perf_counter() - started
+    data = done.report
+    if data is None:
+        raise InternalError(f"the test run for problem {problem.number} produced no report "
+                            f"(exit code {done.returncode}):\n{_tail(done.stdout)}")
     done.returncode = data.get("exitstatus", done.returncode)   # the group was ended once the report was whole
     if done.returncode not in (0, 1, 5) and not data["tests"]:
         raise InternalError(f"pytest could not run the tests in {tests_dir} (exit code {done.returncode}):\n"
                             f"{_tail(done.stdout)}")
     if done.returncode == 2 and "error" in done.stdout.lower() and "collect" in done.stdout.lower():
         raise InternalError(f"the tests in {tests_dir} failed to import:\n{_tail(done.stdout)}")
+    listed = _listed_tests(problem, tests_dir, tests_root)
+    _check_report_names(problem, listed, data["tests"], whole=not select)
     tests = []
     for t in data["tests"]:
-        max_points = float(t["points"])
+        max_points = problem.points_for(t["name"])   # the catalogue's points, never the report's
         tests.append(TestResult(name=t["name"], outcome=t["outcome"], max_points=max_points,
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
                                 target=t.get("target"), hypothesis=t.get("hypothesis") or "",
                                 location=t.get("location"), drawing=t.get("drawing")))
-    return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout)
+    return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout,
+                   protections=data.get("protections") or {})
+
+
+def _listed_tests(problem: Problem, tests_dir: str, tests_root: str | None) -> set:
+    """The tests a run must report: the catalogue's list for the kit's own tests, the folder's for a hidden set."""
+    return set(problem.points) if tests_root is None else test_names_in(tests_dir)
+
+
+def test_names_in(folder: str) -> set:
+    """Every ``test_*`` function defined at the top of the folder's ``test_*.py`` files (read, not run)."""
+    names = set()
+    for file in sorted(os.listdir(folder)):
+        if file.startswith("test_") and file.endswith(".py"):
+            with open(os.path.join(folder, file), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), filename=file)
+            names |= {n.name for n in tree.body
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")}
+    return names
+
+
+def _check_report_names(problem: Problem, listed: set, reported: list, whole: bool):
+    """A report that names a test the list does not have, or (for a whole run) lacks one it has, is no score."""
+    names = {t["name"].split("[")[0] for t in reported}
+    unknown, missing = sorted(names - listed), sorted(listed - names) if whole else []
+    if unknown or missing:
+        raise InternalError(f"the report for problem {problem.number} does not match its list of tests"
+                            + (f"; it names {', '.join(unknown)}, which the list does not have" if unknown else "")
+                            + (f"; it lacks {', '.join(missing)}" if missing else ""))
 
 
 def _tail(text: str, lines: int = 25) -> str:

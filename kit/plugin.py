@@ -29,6 +29,7 @@ from hypothesis.errors import Unsatisfiable
 import harness
 
 from . import failures
+from .channel import hold_to_judge
 from .config import PROFILES, KitConfig
 from . import report as _report
 from .session import KitSession
@@ -52,12 +53,16 @@ def pytest_addoption(parser):
                     help="rank code's tensors made without naming harness.device() land on meta and fail: "
                          "proves the code device-correct without a GPU")
     group.addoption("--kit-verbose", action="store_true", help="keep hypothesis's own advice (judge.py --verbose)")
-    group.addoption("--kit-report", default=None, help="write a JSON report of every test (used by judge.py)")
     group.addoption("--kit-targets", default=None,
                     help="JSON list of {id, path[, tests][, device_audit]}: run each test once per target, or only "
                          "the tests a target names, under the device audit if it says so (judge.py selfcheck)")
-    group.addoption("--kit-progress-fd", type=int, default=None,
-                    help="write progress events (JSON lines) to this inherited file descriptor (judge.py)")
+    group.addoption("--kit-events-fd", type=int, default=None,
+                    help="write progress events, then the report, as JSON lines to this inherited descriptor "
+                         "(judge.py; see kit/channel.py)")
+    group.addoption("--kit-lifeline-fd", type=int, default=None,
+                    help="end this test process when this inherited pipe closes: its judge is gone (judge.py)")
+    group.addoption("--kit-scratch", default=None, help="the judge's scratch folder, removed if the judge dies")
+    group.addoption("--kit-deadline", type=float, default=None, help="seconds this test process may live (judge.py)")
     group.addoption("--kit-trace-dir", default=None,
                     help="write each test's last traced call as Chrome trace JSON into this folder (judge.py --show)")
 
@@ -73,6 +78,10 @@ def _config_from_options(config) -> KitConfig:
 
 
 def pytest_configure(config):
+    lifeline = config.getoption("--kit-lifeline-fd")
+    if lifeline is not None and not hasattr(config, "workerinput"):
+        hold_to_judge(lifeline, config.getoption("--kit-scratch"), config.getoption("--kit-deadline"),
+                      before_exit=harness.shutdown)
     # Start it before the tests import torch, so its own torch import overlaps with theirs.
     # An xdist controller runs no test: only its workers need ranks.
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
@@ -142,9 +151,8 @@ def _problem_policy(request):
 
 def pytest_sessionfinish(session, exitstatus):
     harness.shutdown()
-    path = session.config.getoption("--kit-report", default=None)
-    if path and not hasattr(session.config, "workerinput"):
-        _session(session.config).write_report(path, exitstatus)
+    if not hasattr(session.config, "workerinput"):
+        _session(session.config).send_report(exitstatus)
 
 
 # ---- each example: progress, the failing case, the trace of the failing call -------------------
@@ -238,7 +246,7 @@ def _left_out(exc, session) -> bool:
 def _kit_mode(config, terminal, session: KitSession) -> bool:
     """Replace pytest's failure sections only when nothing is lost: default options, and every
     failure belongs to a problem's tests (so a broken harness test still shows its traceback)."""
-    if config.getoption("--kit-report") or config.getoption("--kit-targets"):
+    if config.getoption("--kit-events-fd") is not None or config.getoption("--kit-targets"):
         return False
     if config.option.verbose > 0 or config.option.tbstyle != "auto" or config.option.reportchars not in ("fE", "Ef"):
         return False

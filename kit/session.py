@@ -12,6 +12,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+import harness
+
 from . import catalogue, failures, show
 from .config import KitConfig
 
@@ -37,9 +39,9 @@ class KitSession:
             settings.register_profile("kit", _hypothesis_profile(config))
             settings.load_profile("kit")
         self.seed = self._seed()
-        fd = pytest_config.getoption("--kit-progress-fd")
+        fd = pytest_config.getoption("--kit-events-fd")
         # closefd=False: a warm test process (kit.server) keeps the descriptor for its next session
-        self._progress = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=False) if fd is not None else None
+        self._events = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=False) if fd is not None else None
 
     def _seed(self):
         """One seed for the whole session, printed with the summary, so every failure has a rerun command."""
@@ -86,12 +88,13 @@ class KitSession:
     # ---- progress (judge.py shows it on a TTY) ----
 
     def progress(self, **event):
-        if self._progress is None:
+        """One event down the judge's events pipe (kit/channel.py); nothing without a judge."""
+        if self._events is None:
             return
         try:
-            self._progress.write(json.dumps(event) + "\n")
+            self._events.write(json.dumps(event) + "\n")
         except (OSError, ValueError):   # the judge went away: keep testing, stop reporting
-            self._progress = None
+            self._events = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
@@ -149,10 +152,8 @@ class KitSession:
         if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
             self.add_report(report)
 
-    def write_report(self, path: str, exitstatus: int):
-        """Whole or not at all (written aside, then renamed): the judge stops the run once it appears."""
-        with open(path + ".part", "w", encoding="utf-8") as f:
-            json.dump({"tests": self.reports, "seed": self.seed, "profile": self.config.profile,
-                       "backend": self.config.backend, "exitstatus": int(exitstatus), "finished_at": time.time()},
-                      f, indent=1)
-        os.replace(path + ".part", path)
+    def send_report(self, exitstatus: int):
+        """The verdict, last thing in the session, down the events pipe: the judge stops the run once it arrives."""
+        self.progress(event="report", report={
+            "tests": self.reports, "seed": self.seed, "profile": self.config.profile, "backend": self.config.backend,
+            "exitstatus": int(exitstatus), "finished_at": time.time(), "protections": harness.protections()})

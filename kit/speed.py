@@ -105,8 +105,8 @@ def phases(problem: int, profile: str) -> list[tuple[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "speed.json")
 
-        def runner(cmd, env, timeout, report, progress=None):
-            return run_pytest(cmd + ["-p", "kit.speed", "--kit-speed-out", out], env, timeout, report, progress)
+        def runner(cmd, env, timeout, progress=None):
+            return run_pytest(cmd + ["-p", "kit.speed", "--kit-speed-out", out], env, timeout, progress)
         entry = catalogue.load()[problem]
         verdict = judge_once(entry, entry.solution_file(), KitConfig(profile=profile), progress=progress,
                              runner=runner)

@@ -1,66 +1,65 @@
 """``WarmTests``: judge_once's runner for --watch, one warm test process (kit.server) reused run after run.
 
-A drop-in for ``judging.run_pytest``: the same call, the same result.  A run that times out, or a test
-process that dies, costs that process: the next run starts a fresh one.
+A drop-in for ``judging.run_pytest``: the same call, the same result.  The warm process gets its events
+pipe and its lifeline once, at its start (see ``channel``); each run ends with one report on that pipe.
+A run that times out, or a test process that dies, costs that process: the next run starts a fresh one.
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
-import time
 
+from .channel import Events, Lifeline, scratch
 from .config import ROOT
-from .judging import JudgeTimeout, kill_group, read_progress
+from .judging import JudgeTimeout, Run, kill_group
+
+_LIFETIME = 7 * 24 * 3600   # the warm process's own deadline: a judge that watches for a week
 
 
 class WarmTests:
     def __init__(self, env: dict):
         self.env = env
-        self.proc = None
+        self.proc = self.events = self.lifeline = self.tmp = None
         self.output: list[str] = []
         self.progress = None   # the current run's progress callback
 
     def _start(self):
-        read_fd, self.progress_fd = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "kit.server"], cwd=ROOT, env=self.env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, pass_fds=(self.progress_fd,))
+        self.events, self.lifeline = Events(lambda event: self.progress and self.progress(event)), Lifeline()
+        self.tmp = scratch("watch-")
+        args = self.events.args() + self.lifeline.args(_LIFETIME)
+        self.proc = subprocess.Popen([sys.executable, "-m", "kit.server", json.dumps(args)], cwd=ROOT,
+                                     env=dict(self.env, TMPDIR=self.tmp.name), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True, pass_fds=(self.events.write_fd, self.lifeline.read_fd))
+        self.events.started()
+        self.lifeline.started()
         output = self.output = []
         threading.Thread(target=lambda: output.extend(self.proc.stdout), daemon=True).start()
-        threading.Thread(target=read_progress, args=(read_fd, lambda event: self.progress and self.progress(event)),
-                         daemon=True).start()
 
-    def __call__(self, cmd: list, env: dict, timeout: float, report: str, progress=None) -> subprocess.CompletedProcess:
+    def __call__(self, cmd: list, env: dict, timeout: float, progress=None) -> Run:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self._start()
-        args = cmd[3:]   # cmd is [python, -m, pytest, ...]
-        if progress is not None:
-            args = args + ["--kit-progress-fd", str(self.progress_fd)]
         self.progress, start = progress, len(self.output)
-        deadline = time.monotonic() + timeout
+        self.events.expect_report()
         try:
-            self.proc.stdin.write(json.dumps(args) + "\n")
+            self.proc.stdin.write(json.dumps(cmd[3:]) + "\n")   # cmd is [python, -m, pytest, ...]
             self.proc.stdin.flush()
-            while not os.path.exists(report):
-                if self.proc.poll() is not None:
-                    break   # it died: judge_once reports the missing report with this output
-                if time.monotonic() > deadline:
-                    raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
-                time.sleep(0.02)
+            if not self.events.arrived.wait(timeout):
+                raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
         except BaseException:   # a timeout, Ctrl-C, a broken pipe: this process is not reused
             self.close()
             raise
         finally:
             self.progress = None
-        return subprocess.CompletedProcess(cmd, self.proc.returncode if self.proc else -9,
-                                           "".join(self.output[start:]), "")
+        return Run(self.proc.returncode if self.proc else -9, "".join(self.output[start:]), self.events.report)
 
     def close(self):
         if self.proc is not None:
             kill_group(self.proc)
-            os.close(self.progress_fd)
+            self.lifeline.cut()
+            self.events.join()
+            self.tmp.cleanup()
             self.proc = None

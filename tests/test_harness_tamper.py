@@ -479,7 +479,8 @@ def _streamed_digest(world_size: int, rank: int) -> str:
     from harness import pool
     from harness.record.policy import ops_digest
     last = {}
-    for event in pool._WORLDS[(world_size, "gloo", None)].records[rank].raw_events():
+    world = next(w for key, w in pool._WORLDS.items() if key[:3] == (world_size, "gloo", None))
+    for event in world.records[rank].raw_events():
         if event.get("ev") in ("issue", "wait", "done"):
             last[event["i"]] = event["op"]
     return ops_digest([last[i] for i in sorted(last)])

@@ -44,12 +44,14 @@ import tempfile
 
 from .landlock import (READ, SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL, SHARED_MEMORY, Unavailable, landlock_abi,
                         read_rules, restrict_self, unavailable_reason, write_rules)
-from .seccomp import deny_ipc
+from .identity import become
+from .seccomp import restrict
 
 __all__ = ["confine", "guard_store", "hint", "landlock_abi", "unavailable_reason", "STATUS", "STORE_GUARDED"]
 
 _PINNED: list[int] = []   # O_PATH fds that keep the /proc/<own pid> rule's dentry (and so its inode) alive
-# What confine() did in this process: None (never called), "confined: ..." or "unavailable: ...".
+# What confine() did in this process, in a line: None (never called), "confined: ..." (Landlock applied) or
+# the reason Landlock is not ("unavailable: ...", "off: ..."), with the seccomp and uid states after it.
 STATUS: str | None = None
 
 
@@ -72,29 +74,50 @@ _CACHES = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "trit
 # ---- the entry point -----------------------------------------------------------------------------
 
 def confine(private_dir: str, *, store_file: str | None = None, hidden=(), writable=(), readable=(),
-            gpu: bool = False, seccomp: bool = True) -> str | None:
-    """Confine this process (see the module docstring).  Returns None when confined, else the reason.
+            gpu: bool = False, landlock: bool = True, ids: tuple | None = None) -> dict:
+    """Confine this process (see the module docstring); returns what is in force, as plain data::
+
+        {"landlock": "ABI 7" | "unavailable: <why>" | "off: <why>",
+         "seccomp": "on" | "unavailable: <why>",
+         "uid": "rank uid 1073741953" | "unavailable: <why>" | "not needed: <why>"}
 
     private_dir   this rank's own folder: its TMPDIR, the only folder it may write in
     store_file    the FileStore's file (it is reopened for every store operation)
-    hidden        folders to deny even reading (other ranks' folders; every ``harness-*`` folder
-                  beside ``private_dir``'s parent is added, so other worlds are hidden too)
-    writable      further files or folders it may write (rare)
+    hidden        folders and files to deny even reading (the kit's answers and tests; other ranks'
+                  folders and every ``harness-*`` folder beside ``private_dir``'s parent are added)
+    writable      further files or folders it may write (a shared folder)
     readable      folders under ``hidden`` that it may read anyway
-    gpu           NCCL needs /dev/nvidia* and /dev/shm, and abstract Unix sockets between ranks
+    gpu           NCCL needs /dev/nvidia* and /dev/shm, and Unix sockets between ranks
+    landlock      False: leave Landlock out, as a kernel without it would (tests of the fallback)
+    ids           (uid, gid, read_anything) to run as from now on (``identity.become``), or None to stay
 
     In every case, points TMPDIR (and ``tempfile.tempdir``), TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
     TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME into ``private_dir``, so tempfile and torch.compile work.
-    Call it while the process is single-threaded: threads that already exist are not confined.
+    The uid and the seccomp filter apply whatever Landlock does: no path skips them.
+    Call it while the process is single-threaded: Landlock leaves threads that already exist alone.
     """
     global STATUS
     private_dir = os.path.realpath(private_dir)
     os.makedirs(private_dir, mode=0o700, exist_ok=True)
     _point_scratch_at(private_dir)
+    state = {"uid": "not needed: the ranks run as the judge's own uid" if ids is None else "unavailable"}
+    if ids is not None:
+        why = become(*ids)
+        state["uid"] = f"rank uid {ids[0]}" if why is None else f"unavailable: {why}"
+    state["landlock"] = _landlock(private_dir, store_file, hidden, writable, readable, gpu) if landlock else \
+        "off: left out on purpose (as on a kernel without Landlock)"
+    why = restrict(unix_sockets=gpu)
+    state["seccomp"] = "on" if why is None else f"unavailable: {why}"
+    STATUS = (f"confined: {state['landlock']}" if state["landlock"].startswith("ABI") else
+              state["landlock"]) + f"; seccomp {state['seccomp']}; uid {state['uid']}"
+    return state
+
+
+def _landlock(private_dir, store_file, hidden, writable, readable, gpu) -> str:
+    """Apply the Landlock rules; returns "ABI <n>[, notes]" or "unavailable: <why>"."""
     abi = landlock_abi()
     if isinstance(abi, str):
-        STATUS = f"unavailable: {abi}"
-        return abi
+        return f"unavailable: {abi}"
     world_dir = os.path.dirname(private_dir)
     hide = {os.path.realpath(h) for h in hidden}
     hide |= {os.path.realpath(p) for p in glob.glob(os.path.join(os.path.dirname(world_dir), "harness-*"))}
@@ -110,21 +133,15 @@ def confine(private_dir: str, *, store_file: str | None = None, hidden=(), writa
                           ([os.path.realpath(store_file)] if store_file else []))
     scoped = 0 if gpu else SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
     try:
-        pinned = restrict_self(abi, rules, scoped)
+        _PINNED.extend(restrict_self(abi, rules, scoped))
     except Unavailable as e:
-        STATUS = f"unavailable: {e}"
-        return str(e)
-    _PINNED.extend(pinned)
-    done = [f"Landlock ABI {abi}"]
+        return f"unavailable: {e}"
+    notes = [f"ABI {abi}"]
     if abi < 6:
-        done.append("abstract sockets and signals not scoped (needs ABI 6)")
-    if seccomp:
-        why = deny_ipc()
-        done.append("seccomp IPC filter" if why is None else f"no seccomp IPC filter ({why})")
+        notes.append("abstract sockets and signals not scoped (needs ABI 6)")
     if threads > 1:
-        done.append(f"{threads - 1} thread(s) started earlier are not confined")
-    STATUS = "confined: " + ", ".join(done)
-    return None
+        notes.append(f"{threads - 1} thread(s) started earlier are not confined")
+    return ", ".join(notes)
 
 
 # ---- the rendezvous store ------------------------------------------------------------------------

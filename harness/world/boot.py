@@ -41,7 +41,7 @@ class _Popen(popen_forkserver.Popen):
 
 
 class RankProcess(CONTEXT.Process):
-    """One rank: ``RankProcess(args=(rank, world_size, backend, store, conn, record_conn, files))``."""
+    """One rank: ``RankProcess(args=(setup.RankSetup, conn, record_conn))``."""
 
     def __init__(self, args: tuple, name: str):
         super().__init__(target=_rank_entry, args=args, daemon=True, name=name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ from ..sandbox import confine, guard_store, hint
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
 from ..probes.kill import arm
+from .setup import RankSetup
 from .wire import Reply, WireError
 
 # Process groups that calls created and never destroyed, before the world is replaced: each one
@@ -43,6 +45,21 @@ def _die_with_parent():
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _blank_inherited_fds(keep: set):
+    """Point every descriptor the rank inherited and does not need at /dev/null: the forkserver's
+    resource tracker and liveness pipes lead to unconfined processes.  (Closing them instead would let
+    a later socket take their numbers, and a library that still writes to them would write there.)"""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep and fd != null:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass   # the listing's own descriptor, closed by now
+    os.close(null)
 
 
 def _user_frames(tb) -> list:
@@ -61,33 +78,36 @@ def _quiet_renamed_collectives():
                             category=FutureWarning)
 
 
-def rank_main(rank, world_size, backend, store_path, conn, record_conn, files):
-    # files: this rank's stderr, stack dump and private folder; "shared": a folder every rank may use
+def rank_main(setup: RankSetup, conn, record_conn):
     # stderr first: whatever goes wrong from here on is shown in the RankCrashed message
-    stderr_fd = os.open(files["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stderr_fd = os.open(setup.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(stderr_fd, 2)
     os.dup2(stderr_fd, 1)   # a stdout shared by every rank would be a channel between them
+    os.close(stderr_fd)
     _die_with_parent()
     _quiet_renamed_collectives()
-    stack_file = open(files["stack"], "w")
+    stack_file = open(setup.stack, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    _blank_inherited_fds(keep={1, 2, conn.fileno(), record_conn.fileno(), stack_file.fileno()})
     torch.set_num_threads(1)
+    backend, rank, world_size = setup.backend, setup.rank, setup.world_size
     if backend == "nccl":
         torch.cuda.set_device(rank)
         # Tolerances are the CPU's: no TF32 in matmuls or convolutions, so float32 keeps its 24 bits on a GPU
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    store = dist.FileStore(store_path, world_size)
+    store = dist.FileStore(setup.store, world_size)
     # Confined before gloo starts its threads: Landlock covers only the threads created after it.
-    confine(files["tmp"], store_file=store_path, gpu=backend == "nccl",
-            writable=[files["shared"]] if files.get("shared") else ())
+    protections = confine(setup.tmp, store_file=setup.store, gpu=backend == "nccl",
+                          writable=[setup.shared] if setup.shared else (), hidden=setup.sandbox.hidden,
+                          landlock=setup.sandbox.landlock, ids=setup.ids)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it
     recorder = install(rank, record_conn.fileno())   # records stream to the test process as issued
     verify_tracer = integrity_snapshot()  # taken before any learner code runs
     world_group = dist.group.WORLD
-    conn.send_bytes(b"ready")
+    conn.send_bytes(json.dumps({"ready": protections}).encode())   # said before any code under test runs
     functions = {}
     while True:
         try:

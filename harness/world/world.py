@@ -9,6 +9,7 @@ live ones.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing.connection as mpc
 import os
 import shutil
@@ -22,6 +23,7 @@ from ..errors import HangError, RankCrashed, TraceTampered
 from ..probes.kill import Killed, killed_from
 from ..inputs import own_inputs
 from ..record.policy import Policy
+from .setup import SandboxSpec, prepare_world
 from .records import RecordStream, build_trace, check_record, ops_balanced
 from ..trace import Trace
 from .wire import Reply, WireError, dump_function, dumps
@@ -45,21 +47,21 @@ def resident_bytes(pid: int) -> int:
 class World:
     """N live rank processes in one process group, fed tasks over pipes."""
 
-    def __init__(self, world_size: int, backend: str, shared_dir: str | None = None):
-        """``shared_dir``: a folder every rank may read and write (the sandbox grants it at start)."""
+    def __init__(self, world_size: int, backend: str, shared_dir: str | None = None,
+                 sandbox: SandboxSpec = SandboxSpec()):
+        """``shared_dir``: a folder every rank may read and write (the sandbox grants it at start);
+        ``sandbox``: what else confines the ranks (see ``setup.SandboxSpec``)."""
         self.world_size, self.backend = world_size, backend
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
-        self.files = [{**{k: os.path.join(self.dir, f"rank{r}.{k}") for k in ("stderr", "stack", "tmp")},
-                       "shared": shared_dir} for r in range(world_size)]
+        self.setups, self.ids_note = prepare_world(self.dir, world_size, backend, shared_dir, sandbox)
         self.conns, self.procs = [], []
         self.records = [RecordStream() for _ in range(world_size)]   # each rank's ops, streamed as issued
         self.sent_fns = set()
         self.over_memory: dict[int, tuple] = {}   # rank -> (bytes used, limit) when the watchdog ended it
-        store = os.path.join(self.dir, "store")
-        for r in range(world_size):
+        self.protections: list[dict] = []         # what confined each rank, as it said before any code under test
+        for r, setup in enumerate(self.setups):
             parent, child = CONTEXT.Pipe()
-            p = RankProcess((r, world_size, backend, store, child, self.records[r].writer, self.files[r]),
-                            name=f"harness-rank{r}")
+            p = RankProcess((setup, child, self.records[r].writer), name=f"harness-rank{r}")
             p.start()
             child.close()
             self.records[r].started()
@@ -68,9 +70,9 @@ class World:
         deadline = time.monotonic() + _START_TIMEOUT
         for r, c in enumerate(self.conns):
             try:
-                ready = c.poll(max(0.0, deadline - time.monotonic())) and c.recv_bytes() == b"ready"
-            except (EOFError, OSError):   # it died before saying ready: say how, with its stderr
-                ready = False
+                ready = c.poll(max(0.0, deadline - time.monotonic())) and json.loads(c.recv_bytes()).get("ready")
+            except (EOFError, OSError, ValueError, AttributeError):   # it died before saying ready: say how
+                ready = None
             if not ready:
                 self.procs[r].join(1.0)
                 code, stderr = self.procs[r].exitcode, self._stderr(r)
@@ -78,6 +80,7 @@ class World:
                 how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
                 raise RankCrashed(message, r, code, stderr)
+            self.protections.append(ready)
 
     def close(self):
         for c in self.conns:
@@ -109,7 +112,7 @@ class World:
 
     def _stderr(self, rank: int, limit: int = 4000) -> str:
         try:
-            with open(self.files[rank]["stderr"], errors="replace") as f:
+            with open(self.setups[rank].stderr, errors="replace") as f:
                 return f.read()[-limit:]
         except OSError:
             return ""
@@ -261,7 +264,7 @@ class World:
         return RankCrashed(crash_message(rank, code, stderr), rank, code, stderr)
 
     def _hang(self, timeout: float, stuck: list) -> HangError:
-        stacks = dump_stacks(self.procs, [f["stack"] for f in self.files])
+        stacks = dump_stacks(self.procs, [s.stack for s in self.setups])
         for stream in self.records:
             stream.drain()
         flights = [stream.events() for stream in self.records]
