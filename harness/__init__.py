@@ -2,16 +2,21 @@
 
 Public API -- problems, the test helpers and the judge app use only these names:
 
-    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, record_compute=, perturb=,
-        reuse=, count_flops=, shared_dir=, kill=)     -> RunResult(values, trace, flops, killed)
+    run(fn, world_size, *args, timeout=, forbid=, allow=, backend=, memory_gb=, reuse=, probes=[...])
+                                  -> RunResult(values, trace, probes, killed; .flops, .memory)
+    Compute(), Flops(), Perturb(rank, nth_send), SharedFolder(path=None), KillAt(rank, event), Killed, Probe
+                                  the probes of a call (``harness.probes``): compute between an op's issue and
+                                  its wait, FLOPs, a changed message, a folder the ranks share, a rank killed
+                                  at its n-th file event
     per_rank(values), PerRank     an argument of run that rank r receives as values[r], and no other rank sees
     defaults(**fields)            a context manager: what run uses for what a call leaves out, for the block;
                                   the fields are RunDefaults's (forbid, allow, timeout, stop_on_hang, backend,
                                   memory_gb, on_trace: called with each successful call's Trace,
-                                  audit_devices: the device audit, world_sizes: the sizes calls may use)
+                                  audit_devices: the device audit, world_sizes: the sizes calls may use,
+                                  probes: every call's probes, hidden: paths no rank may read, landlock)
+    protections()                 what confined the ranks so far, and whether it was all in force (``sealed``)
     pick_backend(world_size, backend="auto"), shutdown(), prestart()   the pool: its backend, stopping it,
                                   starting the torch-preloaded forkserver early
-    KillAt(rank, event), Killed   a test's injected fault: kill a rank at its event-th file write (``run(kill=)``)
     phase(name, step=None)        mark a region inside a rank function
     device(), gpu_count()         this rank's device (cuda:rank under NCCL, else cpu); the GPUs here
     Target, reference_of          the learner's file (loaded inside the ranks); a reference beside a wrong version
@@ -45,7 +50,8 @@ _EXPORTS = {
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
     "TargetError": "errors", "raised_by_stub": "errors", "BackendUnavailable": "errors", "WorldSkipped": "errors",
-    "gpu_count": "devices", "KillAt": "probes.kill", "Killed": "probes.kill",
+    "gpu_count": "devices", "KillAt": "probes", "Killed": "probes", "Compute": "probes", "Flops": "probes",
+    "Perturb": "probes", "SharedFolder": "probes", "Probe": "probes",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -36,6 +36,7 @@ class RunDefaults:
                     a device land on ``meta``, so code that ignores ``harness.device()`` fails on a CPU
     world_sizes     the world sizes calls may use (None: any); another raises ``WorldSkipped``, which
                     the kit's plugin turns into a skipped example (a GPU check on a machine with few GPUs)
+    probes          probes every call of the block runs (``harness.probes``): its calls look alike to the ranks
     hidden          folders and files no rank may read (the kit's answers and tests, an instructor's hidden set)
     landlock        False: confine ranks as on a kernel without Landlock (tests of the fallback)
     """
@@ -49,11 +50,13 @@ class RunDefaults:
     on_trace: Callable | None = None
     audit_devices: bool = False
     world_sizes: tuple | None = None
+    probes: tuple = ()
     hidden: tuple = ()
     landlock: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "forbid", tuple(self.forbid or ()))
+        object.__setattr__(self, "probes", tuple(self.probes or ()))
         object.__setattr__(self, "hidden", tuple(sorted(os.path.realpath(p) for p in self.hidden or ())))
         if self.allow is not None:
             object.__setattr__(self, "allow", tuple(self.allow))

@@ -8,16 +8,15 @@ next call builds a fresh one.  What a call leaves out comes from ``config.defaul
 from __future__ import annotations
 
 import atexit
-import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cloudpickle
 
 from .config import DEFAULT_TIMEOUT, current, default_memory_limit_gb
 from .devices import AUDIT_DEVICE, gpu_count
 from .errors import BackendUnavailable, HangError, HangStopped, WorldSkipped
-from .probes.kill import KillAt, Killed
+from .probes import KillAt, Killed, Probe, ResidentMemory
 from .record.policy import Policy
 from .reuse import call_key, forget_kept, keep_result, kept_result
 from .trace import Trace
@@ -33,8 +32,18 @@ _PROTECTIONS: dict = {}   # the protections of the worlds started so far (``prot
 class RunResult:
     values: list          # each rank's return value, by rank
     trace: Trace
-    flops: list | None = None   # each rank's floating-point operations, measured on the rank (``count_flops``)
-    killed: Killed | None = None   # the injected kill (``kill=``), when it happened
+    probes: dict = field(default_factory=dict)   # each probe's result, by its name (see ``harness.probes``)
+    killed: Killed | None = None   # the injected kill (``probes.KillAt``), when it happened
+
+    @property
+    def flops(self) -> list | None:
+        """Each rank's floating-point operations (``probes.Flops``), or None without that probe."""
+        return self.probes.get("flops")
+
+    @property
+    def memory(self) -> list:
+        """Each rank's resident memory at the call's start, peak and end (``probes.ResidentMemory``)."""
+        return self.probes.get("memory")
 
     def __iter__(self):   # allows ``values, trace = harness.run(...)``
         return iter((self.values, self.trace))
@@ -55,27 +64,21 @@ def pick_backend(world_size: int, backend: str = "auto") -> str:
 
 
 def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, allow=None,
-        backend: str | None = None, memory_gb: float | None = None, record_compute: bool = False,
-        perturb: tuple | None = None, reuse: bool = False, count_flops: bool = False,
-        shared_dir: str | None = None, kill: KillAt | None = None, **kwargs) -> RunResult:
+        backend: str | None = None, memory_gb: float | None = None, reuse: bool = False, probes=(),
+        **kwargs) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on every rank of a world of ``world_size`` ranks.
 
-    Returns each rank's value and the harness's trace of every communication op.
-    ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them
-    raises ``ForbiddenOp``.  ``record_compute`` fills each op's ``compute_between``; ``perturb=(rank, n)``
-    makes that rank's n-th point-to-point send carry a perturbed copy (see ``Policy``).
+    Returns each rank's value, the harness's trace of every communication op, and each probe's result.
+    ``forbid`` / ``allow`` name op kinds (see ``harness.trace``); breaking them raises ``ForbiddenOp``.
+    ``probes``: measurements and faults of this call (``harness.probes``: Compute, Flops, Perturb,
+    SharedFolder, KillAt), added to the block's (``harness.defaults(probes=...)``); every call also runs
+    the witnesses no rank can reach (resident memory, and where the kernel allows, traffic and files).
+    A ``KillAt`` that fires returns normally, with ``RunResult.killed`` set, None for each rank that did
+    not return, and an empty trace.
     ``reuse=True`` returns an identical earlier call's result again, without running (see ``reuse``).
-    ``count_flops=True`` fills ``RunResult.flops``: each rank's floating-point operations, counted by the
-    harness around the rank function (torch's ``FlopCounterMode``), never reported by the code under test.
-    ``shared_dir``: an existing folder every rank may read and write (the sandbox otherwise gives a rank
-    only its private folder); files there outlive the call and the world, so one call can save and a
-    later one, on another world size, load.  ``kill=KillAt(rank, event)``: that rank is SIGKILLed just
-    before its event-th file event under ``shared_dir`` (see ``faults``); the call then returns normally,
-    with ``RunResult.killed`` set, None for each rank that did not return, and an empty trace.
     Arguments left out (None) come from ``harness.defaults``.
-    Raises ``RankError`` (``NotImplementedYet`` for a
-    stub), ``RankCrashed`` (also when a rank's resident memory passes ``memory_gb``)
-    or ``HangError``.
+    Raises ``RankError`` (``NotImplementedYet`` for a stub), ``RankCrashed`` (also when a rank's resident
+    memory passes ``memory_gb``), ``HangError``, or ``TraceTampered`` when a witness disagrees with the trace.
     """
     if not 1 <= world_size <= 64:
         raise ValueError(f"world_size must be between 1 and 64, got {world_size}")
@@ -83,30 +86,23 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     if given.world_sizes is not None and world_size not in given.world_sizes:
         raise WorldSkipped(f"a world of {world_size} ranks is left out here (only {sorted(given.world_sizes)})")
     backend = pick_backend(world_size, backend or given.backend or "auto")
-    shared_dir, kill = _shared(shared_dir, kill)
+    probes = _probes(given.probes, probes)
     policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
-                    record_compute=record_compute, perturb=perturb,
-                    default_device=AUDIT_DEVICE if given.audit_devices else None, count_flops=count_flops, kill=kill)
-    kept_as = call_key(fn, world_size, backend, args, kwargs, policy) if reuse and kill is None else None
+                    rank_parts=[part for part in (p.rank_part() for p in probes) if part is not None],
+                    default_device=AUDIT_DEVICE if given.audit_devices else None)
+    faulty = any(isinstance(p, KillAt) for p in probes)
+    kept_as = call_key(fn, world_size, backend, args, kwargs, (policy, probes)) if reuse and not faulty else None
     kept = kept_result(kept_as)
     if kept is not None:
         return _result(*kept, given)
-    sandbox = SandboxSpec(given.hidden, given.landlock)
-    key = (world_size, backend, shared_dir, sandbox)
-    world = _WORLDS.get(key)
-    if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
-        if world is not None:
-            world.kill()
-        if shared_dir is not None:   # one shared-folder world per size: tests often use a folder each
-            for other in [k for k in _WORLDS if k[:2] == key[:2] and k[2] is not None]:
-                _WORLDS.pop(other).close()
-        world = _WORLDS[key] = World(world_size, backend, shared_dir, sandbox)
-        _PROTECTIONS.update(summarise(world.protections, _PROTECTIONS))
+    shared = next((p.world_key() for p in probes if p.world_key() is not None), None)
+    key = (world_size, backend, shared, SandboxSpec(given.hidden, given.landlock))
+    world = _world(key)
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
     try:
-        values, trace, flops, killed = world.call(fn, args, kwargs, policy, timeout, memory_gb)
+        values, trace, results, killed = world.call(fn, args, kwargs, policy, timeout, memory_gb, probes)
     except BaseException as error:
         if not getattr(error, "world_reusable", False):
             _WORLDS.pop(key, None)
@@ -117,36 +113,46 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
                 raise HangStopped(error) from None
         raise
     finally:
-        if kill is not None:   # its rank carries an armed trigger, or is dead: never reuse the world
+        if faulty:   # its rank carries an armed trigger, or is dead: never reuse the world
             _WORLDS.pop(key, None)
             world.kill()
     if killed is not None:
-        return RunResult(values, trace, flops, killed)
-    keep_result(kept_as, values, trace, flops)
-    return _result(values, trace, flops, given)
+        return RunResult(values, trace, results, killed)
+    keep_result(kept_as, values, trace, results)
+    return _result(values, trace, results, given)
 
 
-def _shared(shared_dir: str | None, kill: KillAt | None) -> tuple:
-    """The shared folder as one canonical path, and the kill with the folder it watches."""
-    if shared_dir is not None:
-        if not os.path.isdir(shared_dir):
-            raise ValueError(f"shared_dir must be an existing folder (the sandbox grants it when the ranks "
-                             f"start), got {shared_dir!r}")
-        shared_dir = os.path.realpath(shared_dir)
-    if kill is None:
-        return shared_dir, None
-    if not isinstance(kill, KillAt):
-        raise TypeError(f"kill must be a harness.KillAt, got {kill!r}")
-    under = kill.under or shared_dir
-    if under is None:
-        raise ValueError("kill=KillAt(...) counts file events under a folder: give shared_dir= or KillAt(under=)")
-    return shared_dir, KillAt(kill.rank, kill.event, os.path.realpath(under))
+def _probes(block: tuple, call) -> list:
+    """The block's probes, then the call's, then the witnesses every call runs; one of each name."""
+    chosen = list(block) + list(call)
+    for probe in chosen:
+        if not isinstance(probe, Probe):
+            raise TypeError(f"probes take harness.probes objects (Compute(), KillAt(rank, event), ...), got {probe!r}")
+    names = [p.name for p in chosen]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two probes of the same kind in one call: {', '.join(twice)}")
+    return chosen + [ResidentMemory()]
 
 
-def _result(values: list, trace: Trace, flops: list | None, given) -> RunResult:
+def _world(key: tuple) -> World:
+    """The live world for ``key`` (size, backend, shared folder, sandbox), started if there is none."""
+    world = _WORLDS.get(key)
+    if world is None or not world.procs or not all(p.is_alive() for p in world.procs):
+        if world is not None:
+            world.kill()
+        if key[2] is not None:   # one shared-folder world per size: tests often use a folder each
+            for other in [k for k in _WORLDS if k[:2] == key[:2] and k[2] is not None]:
+                _WORLDS.pop(other).close()
+        world = _WORLDS[key] = World(*key)
+        _PROTECTIONS.update(summarise(world.protections, _PROTECTIONS))
+    return world
+
+
+def _result(values: list, trace: Trace, results: dict, given) -> RunResult:
     if given.on_trace is not None:
         given.on_trace(trace)
-    return RunResult(values, trace, flops)
+    return RunResult(values, trace, results)
 
 
 def _describe_call(fn, args, kwargs, limit: int = 400) -> str:

@@ -10,7 +10,8 @@ CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
 _OPTIONAL = {"title_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
-             "max_world_size"}
+             "max_world_size", "probes"}
+PROBES = ("compute", "flops")   # what every call of a problem's tests may measure (the plugin makes them)
 _DIFFICULTIES = ("easy", "medium", "hard")
 _OP_KINDS = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
              "reduce", "gather", "scatter", "send", "recv"}
@@ -38,6 +39,7 @@ class Problem:
     trace_test: str = ""   # the test whose last case --trace/--show records
     show: str = ""         # the test whose recorded drawing --show prints (record_property("drawing", text))
     max_world_size: int = 4   # the largest world its tests start: NCCL needs that many GPUs
+    probes: tuple = ()        # what every call of its tests measures (PROBES): the calls look alike to the ranks
 
     @property
     def folder(self) -> str:
@@ -105,6 +107,9 @@ def load(path: str = CATALOGUE) -> dict:
                                      f"known: {', '.join(sorted(_OP_KINDS))}")
         if not isinstance(entry.get("max_world_size", 4), int) or not 1 <= entry.get("max_world_size", 4) <= 64:
             raise CatalogueError(f"{where}: max_world_size must be an integer from 1 to 64")
+        bad = set(entry.get("probes") or ()) - set(PROBES)
+        if bad:
+            raise CatalogueError(f"{where}: probes has unknown names {', '.join(sorted(bad))}; known: {', '.join(PROBES)}")
         if not isinstance(entry.get("points", {}), dict):
             raise CatalogueError(f"{where}: points must map test names to numbers")
         problem = Problem(
@@ -115,7 +120,8 @@ def load(path: str = CATALOGUE) -> dict:
             allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
             hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")),
-            show=str(entry.get("show", "")), max_world_size=entry.get("max_world_size", 4))
+            show=str(entry.get("show", "")), max_world_size=entry.get("max_world_size", 4),
+            probes=tuple(entry.get("probes") or ()))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):
             if os.path.dirname(path) == ROOT and not os.path.isfile(file):
                 raise CatalogueError(f"{where}: its {kind} {os.path.relpath(file, ROOT)} does not exist")

@@ -141,7 +141,8 @@ def _problem_policy(request):
     import torch
     torch.set_num_threads(1)  # expected values use tiny tensors: threads only add overhead on small machines
     audit = {"audit_devices": True} if request.config.getoption("--kit-device-audit") else {}   # else: the target's
-    with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit,
+    probes = [{"compute": harness.Compute, "flops": harness.Flops}[name]() for name in found.probes]
+    with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit, probes=probes,
                           stop_on_hang=True, backend=session.config.backend,
                           memory_gb=session.config.rank_memory_gb, on_trace=session.keep_trace,
                           world_sizes=None if session.config.world_size is None else (session.config.world_size,),

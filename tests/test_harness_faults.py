@@ -45,13 +45,13 @@ def crash_on_rank_0(folder: str):
 
 
 def test_ranks_share_the_folder_across_worlds_of_different_sizes(tmp_path):
-    harness.run(save_parts, 3, str(tmp_path), "a", shared_dir=str(tmp_path), timeout=TIMEOUT)
-    assert harness.run(listing, 2, str(tmp_path), "a", shared_dir=str(tmp_path), timeout=TIMEOUT).values == \
+    harness.run(save_parts, 3, str(tmp_path), "a", probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT)
+    assert harness.run(listing, 2, str(tmp_path), "a", probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT).values == \
         [["COMMIT", "part0.pt", "part1.pt", "part2.pt"]] * 2
 
 
 @pytest.mark.skipif(isinstance(_sandbox.landlock_abi(), str), reason="no Landlock here: ranks are not confined")
-def test_without_shared_dir_the_folder_stays_closed(tmp_path):
+def test_without_a_shared_folder_the_folder_stays_closed(tmp_path):
     with pytest.raises(harness.RankError, match="Permission denied"):
         harness.run(save_parts, 2, str(tmp_path), "b", timeout=TIMEOUT)
 
@@ -62,40 +62,40 @@ def test_without_shared_dir_the_folder_stays_closed(tmp_path):
     (3, ["part0.pt", "part1.tmp", "part2.pt"]),     # after the save, before the rename
 ])
 def test_a_kill_mid_save_is_the_tests_own_fault(tmp_path, event, left_behind):
-    result = harness.run(save_parts, 3, str(tmp_path), "c", shared_dir=str(tmp_path), timeout=TIMEOUT,
-                         kill=harness.KillAt(rank=1, event=event))
+    result = harness.run(save_parts, 3, str(tmp_path), "c", timeout=TIMEOUT,
+                         probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=event)])
     assert result.killed is not None and result.killed.rank == 1, result.killed
     assert f"file event {event}:" in result.killed.event, result.killed.event
     assert result.values[1] is None
-    assert harness.run(listing, 1, str(tmp_path), "c", shared_dir=str(tmp_path), timeout=TIMEOUT).values == \
+    assert harness.run(listing, 1, str(tmp_path), "c", probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT).values == \
         [left_behind], "no COMMIT: rank 0 never got past the barrier"
 
 
 def test_a_kill_that_never_comes_leaves_an_ordinary_call(tmp_path):
-    result = harness.run(save_parts, 2, str(tmp_path), "d", shared_dir=str(tmp_path), timeout=TIMEOUT,
-                         kill=harness.KillAt(rank=1, event=99))
+    result = harness.run(save_parts, 2, str(tmp_path), "d", timeout=TIMEOUT,
+                         probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=99)])
     assert result.killed is None and None not in result.values
     assert len(result.trace.ops(0, "barrier")) == 1
 
 
 def test_the_world_of_a_kill_call_is_never_reused(tmp_path):
-    result = harness.run(save_parts, 2, str(tmp_path), "e", shared_dir=str(tmp_path), timeout=TIMEOUT,
-                         kill=harness.KillAt(rank=1, event=99))
-    after = harness.run(rank_pid, 2, shared_dir=str(tmp_path), timeout=TIMEOUT).values
+    result = harness.run(save_parts, 2, str(tmp_path), "e", timeout=TIMEOUT,
+                         probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=99)])
+    after = harness.run(rank_pid, 2, probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT).values
     assert not set(result.values) & set(after), "the ranks that carried an armed kill served another call"
 
 
 def test_another_death_in_a_kill_call_is_still_a_crash(tmp_path):
     with pytest.raises(harness.RankCrashed, match="rank 0"):
-        harness.run(crash_on_rank_0, 2, str(tmp_path), shared_dir=str(tmp_path), timeout=TIMEOUT,
-                    kill=harness.KillAt(rank=1, event=99))
+        harness.run(crash_on_rank_0, 2, str(tmp_path), timeout=TIMEOUT,
+                    probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=99)])
 
 
 def test_bad_arguments_say_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match="existing folder"):
-        harness.run(listing, 1, str(tmp_path), "x", shared_dir=str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="shared_dir"):
-        harness.run(listing, 1, str(tmp_path), "x", kill=harness.KillAt(rank=0, event=1))
+        harness.SharedFolder(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="SharedFolder"):
+        harness.run(listing, 1, str(tmp_path), "x", probes=[harness.KillAt(rank=0, event=1)])
     with pytest.raises(ValueError, match="event"):
         harness.KillAt(rank=0, event=0)
 
@@ -103,6 +103,6 @@ def test_bad_arguments_say_what_is_wrong(tmp_path):
 def test_a_new_shared_folder_replaces_the_old_folders_world(tmp_path):
     first, second = tmp_path / "one", tmp_path / "two"
     first.mkdir(), second.mkdir()
-    old = harness.run(rank_pid, 2, shared_dir=str(first), timeout=TIMEOUT).values
-    harness.run(rank_pid, 2, shared_dir=str(second), timeout=TIMEOUT)
+    old = harness.run(rank_pid, 2, probes=[harness.SharedFolder(str(first))], timeout=TIMEOUT).values
+    harness.run(rank_pid, 2, probes=[harness.SharedFolder(str(second))], timeout=TIMEOUT)
     assert not set(old) & set(pool.live_rank_pids()), "each test's folder would keep a world of ranks alive"

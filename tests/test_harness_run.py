@@ -277,7 +277,7 @@ def _square_matmul(n):
 
 def test_count_flops_is_measured_on_each_rank_by_the_harness():
     """#17: balance properties read FLOPs the harness counted around the rank function, not numbers the code reports."""
-    result = harness.run(_square_matmul, 2, harness.per_rank([4, 8]), count_flops=True)
+    result = harness.run(_square_matmul, 2, harness.per_rank([4, 8]), probes=[harness.Flops()])
     assert result.flops == [2 * 4 * 8 * 4, 2 * 8 * 8 * 8]
     assert harness.run(_square_matmul, 2, 4).flops is None   # only when asked
 

@@ -494,7 +494,7 @@ def honest_ops_then_the_recorders_digest():
 
 def test_the_recorders_digest_matches_the_stream_for_honest_code():
     """What lets the test process trust the rank's op-count check: the records it reads are the streamed ones."""
-    digests = harness.run(honest_ops_then_the_recorders_digest, 2, timeout=30, record_compute=True).values
+    digests = harness.run(honest_ops_then_the_recorders_digest, 2, timeout=30, probes=[harness.Compute()]).values
     assert digests == [_streamed_digest(2, rank) for rank in range(2)]
 
 

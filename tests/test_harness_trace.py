@@ -4,7 +4,6 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness.record.policy import Policy
 from tests.harness_helpers import source_at
 
 
@@ -176,7 +175,7 @@ def test_a_functional_all_reduce_is_traced_like_any_op():
     assert backward.kind == "all_reduce" and backward.index == 1
 
 
-# ---- what a call can ask the harness to measure or change (Policy fields) --------------------------
+# ---- what a call can ask the harness to measure or change (probes) ---------------------------------------
 
 def ring_attention_step(overlap: bool):
     """One step of a ring: post the next KV block's exchange, attend to the current block, wait.
@@ -196,8 +195,8 @@ def ring_attention_step(overlap: bool):
 
 
 def test_compute_between_counts_what_a_rank_computes_while_its_messages_are_in_flight():
-    overlapped = harness.run(ring_attention_step, 3, True, record_compute=True, timeout=30).trace
-    wait_first = harness.run(ring_attention_step, 3, False, record_compute=True, timeout=30).trace
+    overlapped = harness.run(ring_attention_step, 3, True, probes=[harness.Compute()], timeout=30).trace
+    wait_first = harness.run(ring_attention_step, 3, False, probes=[harness.Compute()], timeout=30).trace
     for rank in range(3):
         assert [op.compute_between for op in overlapped.ops(rank)] == [3, 3]   # q @ k.T, softmax, @ v
         assert [op.compute_between for op in wait_first.ops(rank)] == [0, 0]
@@ -206,7 +205,7 @@ def test_compute_between_counts_what_a_rank_computes_while_its_messages_are_in_f
 def test_compute_between_is_none_unless_asked_for_and_zero_for_a_blocking_op():
     untimed = harness.run(ring_attention_step, 2, True, timeout=30).trace
     assert [op.compute_between for op in untimed.ops(0)] == [None, None]
-    blocking = harness.run(one_all_reduce, 2, record_compute=True, timeout=30).trace
+    blocking = harness.run(one_all_reduce, 2, probes=[harness.Compute()], timeout=30).trace
     assert blocking.ops(0)[0].compute_between == 0
 
 
@@ -226,7 +225,7 @@ def send_ones_twice():
 
 @pytest.mark.parametrize("nth", [0, 1])
 def test_perturb_changes_only_the_nth_send_as_it_travels(nth):
-    values, trace = harness.run(send_ones_twice, 2, perturb=(0, nth), timeout=30)
+    values, trace = harness.run(send_ones_twice, 2, probes=[harness.Perturb(0, nth)], timeout=30)
     sent = [[1.0] * 3, [1.0] * 3]
     sent[nth] = [2.0] * 3
     assert values == [[1.0] * 3, sent]   # rank 0's own tensor is still ones
@@ -235,9 +234,10 @@ def test_perturb_changes_only_the_nth_send_as_it_travels(nth):
 
 
 def test_perturb_names_a_rank_and_a_send_index():
-    with pytest.raises(ValueError, match="perturb must be"):
-        Policy(perturb=(0,))
-    assert Policy(perturb=[1, 2]).perturb == (1, 2) and Policy().perturb is None
+    with pytest.raises(ValueError, match="two integers >= 0"):
+        harness.Perturb(0, -1)
+    with pytest.raises(ValueError, match="two integers >= 0"):
+        harness.Perturb(True, 1)
 
 
 def compiled_all_reduce():

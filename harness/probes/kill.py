@@ -1,21 +1,18 @@
-"""Faults a test injects on purpose: ``KillAt`` kills a rank in the middle of its file writes.
+"""``KillAt``: a test's injected fault -- a rank killed in the middle of its file writes.
 
-A checkpoint must survive a rank that dies while saving.  A test shows it by asking for the
-death -- ``harness.run(fn, n, shared_dir=folder, kill=KillAt(rank=1, event=3))`` -- and the
-harness makes it real: just before that rank's 3rd file event under the folder, the rank
-SIGKILLs itself, as the kernel's OOM killer or a lost node would.  A file event is what moves a
-checkpoint forward on disk:
+A checkpoint must survive a rank that dies while saving.  A test shows it by asking for the death --
+``harness.run(fn, n, probes=[folder, KillAt(rank=1, event=3)])`` with ``folder`` a ``SharedFolder`` --
+and the harness makes it real: just before that rank's 3rd file event under the folder, the rank is
+SIGKILLed, as the kernel's OOM killer or a lost node would.  A file event is what moves a checkpoint
+forward on disk: an open for writing, a rename (by destination), a remove, a mkdir or rmdir, a link.
 
-* opening a file for writing (``open``, ``io.open``, ``os.open`` with a write flag; pathlib's
-  ``write_*`` and ``torch.distributed.checkpoint``'s writer use these);
-* ``torch.save`` to a path or an open file (its C++ writer opens files without Python);
-* ``os.rename`` / ``os.replace`` (and so ``Path.rename``, ``shutil.move``), by destination;
-* ``os.remove`` / ``os.unlink``, ``os.mkdir`` / ``os.makedirs``, ``os.rmdir``.
-
-The trigger runs inside the rank, on Python's audit hooks, which cannot be removed: a world that
-ran a kill call is never reused.  The test process, not the rank, decides that a death was the
-injected one (the rank it named died of SIGKILL after writing the harness's line), and ``run``
-then returns normally with ``RunResult.killed`` set instead of raising ``RankCrashed``.
+Where the world's file witness runs (seccomp user notification, ``files``), the events are counted by
+the test process below Python -- ``dir_fd``, ``os.fdopen`` and ctypes calls included -- and the kill
+comes from outside the rank, so the rank cannot see it coming.  Elsewhere the trigger runs inside the
+rank, on Python's audit hooks (a wrapped ``torch.save`` too), which cannot be removed: a world that ran
+a kill call is never reused.  Either way the test process, not the rank, decides that a death was the
+injected one, and ``run`` then returns normally with ``RunResult.killed`` set instead of raising
+``RankCrashed``.
 """
 from __future__ import annotations
 
@@ -24,24 +21,57 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from .base import Probe, RankPart
+
 KILL_LINE = "harness: the test killed this rank at "   # the rank's last stderr line, before the signal
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_EVENTS = {"os.remove": "remove", "os.mkdir": "mkdir", "os.rmdir": "rmdir"}
 
 
-@dataclass(frozen=True)
-class KillAt:
-    """Kill rank ``rank`` just before its ``event``-th file event (from 1, counted from the start of
-    the call) under ``under`` (default: the call's ``shared_dir``)."""
-    rank: int
-    event: int
-    under: str | None = None
+class KillAt(Probe):
+    """Kill rank ``rank`` just before its ``event``-th file event (from 1, counted from the start of the
+    call) under ``under``: a folder inside the call's ``SharedFolder`` (default: that folder)."""
 
-    def __post_init__(self):
-        for name in ("rank", "event"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "rank" else 1):
-                raise ValueError(f"KillAt.{name} must be an integer >= {0 if name == 'rank' else 1}, got {value!r}")
+    name = "kill"
+
+    def __init__(self, rank: int, event: int, under: str | None = None):
+        for what, value, least in (("rank", rank, 0), ("event", event, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"KillAt.{what} must be an integer >= {least}, got {value!r}")
+        self.rank, self.event = rank, event
+        self.under = None if under is None else os.path.realpath(under)
+        self.outside = False
+
+    def rank_part(self):
+        return None if self.outside else _ArmTheAuditHook(self.rank, self.event, self.under)
+
+    def start(self, world):
+        if world.shared is None:
+            raise ValueError("KillAt counts file events under the call's shared folder: give it a SharedFolder")
+
+    def recognise(self, world, rank: int) -> "Killed | None":
+        """The injected kill, if rank ``rank``'s death was it (the rank it names, SIGKILL, and either the file
+        witness's own record or the harness's last stderr line); None for any other death."""
+        if rank != self.rank:
+            return None
+        world.procs[rank].join(1.0)
+        if world.files is not None and self.outside:
+            return world.files.killed(rank)
+        return killed_from(rank, world.procs[rank].exitcode, world.stderr_of(rank))
+
+    def __repr__(self):
+        return f"KillAt(rank={self.rank}, event={self.event})"
+
+
+class _ArmTheAuditHook(RankPart):
+    name = "kill"
+
+    def __init__(self, rank: int, event: int, under: str | None):
+        self.rank, self.event, self.under = rank, event, under
+
+    def enter(self, recorder):
+        if recorder.rank == self.rank:
+            arm(self.event, self.under or recorder.shared_dir)
 
 
 @dataclass(frozen=True)
@@ -59,8 +89,8 @@ def killed_from(rank: int, exitcode: int | None, stderr: str) -> Killed | None:
     return Killed(rank, lines[-1][len(KILL_LINE):])
 
 
-def arm(kill: KillAt, under: str) -> None:
-    """In the rank: count file events under ``under`` and die at the ``kill.event``-th."""
+def arm(event_number: int, under: str) -> None:
+    """In the rank: count file events under ``under`` and die at the ``event_number``-th."""
     root = os.path.realpath(under)
     seen = 0
 
@@ -75,7 +105,7 @@ def arm(kill: KillAt, under: str) -> None:
         if full != root and not full.startswith(root + os.sep):
             return
         seen += 1
-        if seen >= kill.event:
+        if seen >= event_number:
             line = f"{KILL_LINE}its file event {seen}: {what} {os.path.relpath(full, os.path.dirname(root))}\n"
             os.write(2, line.encode(errors="replace"))
             os.kill(os.getpid(), signal.SIGKILL)

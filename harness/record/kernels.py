@@ -42,9 +42,9 @@ _LIBRARIES: list = []   # keeps the kernel registrations alive
 _FAKE_MODE = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
 
 
-def install(rank: int, flight_fd: int | None) -> Recorder:
+def install(rank: int, flight_fd: int | None, shared_dir: str | None = None) -> Recorder:
     """Make this rank's recorder and patch every path to it.  Called once per rank."""
-    recorder = activate(rank, flight_fd)
+    recorder = activate(rank, flight_fd, shared_dir)
     _register_kernels()
     _C10D.Work.wait = _timed(_C10D.Work.wait)
     # code that waits on a Work's future (comm hooks, all_reduce_coalesced(async_op=True)) waits on its op too

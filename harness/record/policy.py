@@ -17,37 +17,23 @@ _KNOWN_KINDS = frozenset(COLLECTIVE_KINDS + P2P_KINDS)
 
 
 class Policy:
-    """What a call may issue, and what the harness measures or changes while it runs.
+    """What a call may issue, and what the ranks run around it.
 
-    ``forbid`` / ``allow`` name op kinds (``allow`` wins when given).  ``record_compute`` counts
-    compute ops between each op's issue and its wait (``CommOp.compute_between``); it slows every
-    aten op, so it is off unless asked for.  ``perturb=(rank, n)``: on rank ``rank``, the n-th
-    point-to-point send (from 0, in issue order, whatever the group) carries a perturbed copy of its
-    tensor (+1 on every element; ``not`` for bool); the sender's own tensor is untouched.
+    ``forbid`` / ``allow`` name op kinds (``allow`` wins when given).  ``rank_parts``: the rank-side
+    parts of the call's probes (``harness.probes``), entered around the rank function.
     ``default_device``: where tensors made without a device land while the rank function runs
-    (``"meta"`` in the device audit; None: torch's default).  ``count_flops``: count the floating-point
-    operations the rank function runs (torch's ``FlopCounterMode``: matmuls, convolutions, attention).
-    ``kill``: a ``faults.KillAt`` whose ``under`` is set: the rank it names dies at that file event.
+    (``"meta"`` in the device audit; None: torch's default).
     """
 
-    def __init__(self, forbid=(), allow=None, record_compute: bool = False, perturb: tuple | None = None,
-                 default_device: str | None = None, count_flops: bool = False, kill=None):
+    def __init__(self, forbid=(), allow=None, rank_parts=(), default_device: str | None = None):
         self.forbid = frozenset(forbid)
         self.allow = None if allow is None else frozenset(allow)
         unknown = sorted((self.forbid | (self.allow or frozenset())) - _KNOWN_KINDS)
         if unknown:   # a typo ("allreduce") would otherwise forbid nothing, silently
             raise ValueError(f"unknown op kind(s) {', '.join(map(repr, unknown))}; "
                              f"the kinds are: {', '.join(sorted(_KNOWN_KINDS))}")
-        self.record_compute = bool(record_compute)
-        if perturb is not None:
-            if (not isinstance(perturb, (tuple, list)) or len(perturb) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in perturb)):
-                raise ValueError(f"perturb must be (rank, nth_send), two integers >= 0; got {perturb!r}")
-            perturb = (perturb[0], perturb[1])
-        self.perturb = perturb
+        self.rank_parts = tuple(rank_parts)
         self.default_device = default_device
-        self.count_flops = bool(count_flops)
-        self.kill = kill
         self.refused = None   # the first refusal's message: the call fails even if the code catches it
 
     def check(self, kind: str, site: str):

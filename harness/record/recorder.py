@@ -42,9 +42,10 @@ def user_frame(frame):
 class Recorder(GroupCounters):
     """Holds one call's ops and phases, streams them to the test process, and keeps the group counters."""
 
-    def __init__(self, rank: int, flight_fd: int | None):
+    def __init__(self, rank: int, flight_fd: int | None, shared_dir: str | None = None):
         self.rank = rank
         self.flight_fd = flight_fd
+        self.shared_dir = shared_dir   # the world's shared folder, if any (``probes.KillAt`` counts under it)
         self.policy = Policy()
         # id(ProcessGroup) -> {"pg", "start", "end", "ranks"}: every group this rank knows of, held so
         # that its counter stays readable even after the code drops or destroys it
@@ -62,13 +63,19 @@ class Recorder(GroupCounters):
         self.works: dict[int, tuple] = {}
         self.t0 = time.perf_counter()
         self.policy = policy or Policy()
-        self.sends = 0            # point-to-point sends issued so far in this call (for ``perturb``)
+        self.sends = 0            # point-to-point sends issued so far in this call (for ``perturb_send``)
+        self.perturb_at = None    # the send that carries a changed copy (``probes.Perturb``), if any
         self.tampered = None      # the first group found out of balance with the trace when destroyed
         self.groups = self._groups_at_start()
-        if self.policy.record_compute:
-            self.compute_mode = ComputeCounter()
-            self.compute_mode.__enter__()
-        self.flight(ev="call")
+
+    def count_compute(self):
+        """Count compute ops from now until the call ends (``probes.Compute``): fills ``compute_between``."""
+        self.compute_mode = ComputeCounter()
+        self.compute_mode.__enter__()
+
+    def perturb_send(self, nth: int):
+        """This call's ``nth`` point-to-point send (from 0) carries a changed copy (``probes.Perturb``)."""
+        self.perturb_at = nth
 
     def finish(self):
         """The call is over: stop counting compute ops.  Safe to call twice."""
@@ -188,7 +195,7 @@ class Recorder(GroupCounters):
 
     def _perturbs_next_send(self) -> bool:
         nth, self.sends = self.sends, self.sends + 1
-        return self.policy.perturb is not None and self.policy.perturb == (self.rank, nth)
+        return self.perturb_at == nth
 
     def failed(self, records):
         """The op raised before running (gloo checks its arguments before counting): it moved no counter."""
@@ -264,10 +271,10 @@ def active() -> Recorder | None:
     return _RECORDER
 
 
-def activate(rank: int, flight_fd: int | None) -> Recorder:
-    """Make this rank's recorder (once per rank; ``_kernels.install`` calls it)."""
+def activate(rank: int, flight_fd: int | None, shared_dir: str | None = None) -> Recorder:
+    """Make this rank's recorder (once per rank; ``kernels.install`` calls it)."""
     global _RECORDER
-    _RECORDER = Recorder(rank, flight_fd)
+    _RECORDER = Recorder(rank, flight_fd, shared_dir)
     return _RECORDER
 
 

@@ -5,7 +5,6 @@ and the optimizers' lazy torch._dynamo happens once, not once per rank.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import faulthandler
 import json
@@ -19,7 +18,6 @@ from datetime import timedelta
 import cloudpickle
 import torch
 import torch.distributed as dist
-from torch.utils.flop_counter import FlopCounterMode
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
 from ..record.integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
@@ -28,7 +26,6 @@ from .diagnose import ENGINE_DIR, short_path
 from ..sandbox import confine, guard_store, hint
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
-from ..probes.kill import arm
 from .setup import RankSetup
 from .wire import Reply, WireError
 
@@ -104,7 +101,7 @@ def rank_main(setup: RankSetup, conn, record_conn):
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it
-    recorder = install(rank, record_conn.fileno())   # records stream to the test process as issued
+    recorder = install(rank, record_conn.fileno(), setup.shared)   # records stream to the test process as issued
     verify_tracer = integrity_snapshot()  # taken before any learner code runs
     world_group = dist.group.WORLD
     conn.send_bytes(json.dumps({"ready": protections}).encode())   # said before any code under test runs
@@ -152,18 +149,16 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
         recorder.reset(policy)
-        if policy.kill is not None and policy.kill.rank == dist.get_rank():
-            arm(policy.kill, policy.kill.under)
         here = device()
         args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)
-        counter = FlopCounterMode(display=False) if policy.count_flops else contextlib.nullcontext()
+        for part in policy.rank_parts:
+            part.enter(recorder)
         try:
-            with made_without_a_device_land_on(policy.default_device), counter:
+            with made_without_a_device_land_on(policy.default_device):
                 reply.value = functions[fn_key](*args, **kwargs)
         finally:
+            reply.probes = {part.name: part.exit() for part in reversed(policy.rank_parts)}
             recorder.finish()
-        if policy.count_flops:
-            reply.flops = int(counter.get_total_flops())
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
             raise ForbiddenOp(recorder.policy.refused)
         verify_tracer()

@@ -39,15 +39,17 @@ class RecordStream:
     def close(self):
         self.reader.close()
 
-    def drain(self):
+    def drain(self) -> bool:
+        """Read what has arrived; False once the pipe is at its end (the rank is gone)."""
         try:
             while self.reader.poll(0):
                 chunk = os.read(self.reader.fileno(), 1 << 20)
                 if not chunk:
-                    break   # the rank is gone
+                    return False
                 self.buffer += chunk
         except OSError:
-            pass
+            return False
+        return True
 
     def clear(self):
         self.buffer.clear()

@@ -54,7 +54,7 @@ class Reply:
     retire: bool = False         # the rank asks for a fresh world after this call
     ops_traced: int = 0          # how many op records the rank's recorder holds
     ops_digest: str = ""         # ``policy.ops_digest`` of them
-    flops: int | None = None     # floating-point operations the rank function ran (``count_flops``)
+    probes: dict = dataclasses.field(default_factory=dict)   # each probe's rank-side result, by name
 
     def encode(self) -> bytes:
         return encode({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -69,7 +69,7 @@ class Reply:
         reply = cls(**fields)
         error = reply.error
         if (reply.status not in STATUSES or not isinstance(reply.retire, bool) or type(reply.ops_traced) is not int
-                or not isinstance(reply.ops_digest, str) or not (reply.flops is None or type(reply.flops) is int)
+                or not isinstance(reply.ops_digest, str) or not isinstance(reply.probes, dict)
                 or not (error is None or (
                     isinstance(error, tuple) and len(error) == 3 and isinstance(error[0], str)
                     and isinstance(error[1], str) and isinstance(error[2], list)))):

@@ -20,13 +20,15 @@ from .boot import CONTEXT, RankProcess
 from .diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks, hang_message, is_gloo_fallout,
                         rank_error)
 from ..errors import HangError, RankCrashed, TraceTampered
-from ..probes.kill import Killed, killed_from
+from ..probes.base import CallOutcome
+from ..probes.kill import Killed
 from ..inputs import own_inputs
 from ..record.policy import Policy
 from .setup import SandboxSpec, prepare_world
 from .records import RecordStream, build_trace, check_record, ops_balanced
 from ..trace import Trace
 from .wire import Reply, WireError, dump_function, dumps
+from ..probes.memory import resident_bytes
 
 _START_TIMEOUT = 60.0
 _WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
@@ -35,13 +37,13 @@ _KILL_GRACE = 1.0        # seconds the other ranks get to finish after an inject
 _FN_KEYS: dict = {}   # rank function -> small int; holding the function keeps its key unique
 
 
-def resident_bytes(pid: int) -> int:
-    """A process's resident set size, from /proc (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+def _rank_results(replies: dict) -> dict:
+    """probe name -> {rank: that rank's result}, from the replies' plain data."""
+    results: dict = {}
+    for r, reply in replies.items():
+        for name, value in reply.probes.items():
+            results.setdefault(name, {})[r] = value
+    return results
 
 
 class World:
@@ -51,7 +53,8 @@ class World:
                  sandbox: SandboxSpec = SandboxSpec()):
         """``shared_dir``: a folder every rank may read and write (the sandbox grants it at start);
         ``sandbox``: what else confines the ranks (see ``setup.SandboxSpec``)."""
-        self.world_size, self.backend = world_size, backend
+        self.world_size, self.backend, self.shared = world_size, backend, shared_dir
+        self.files = None   # the file witness (seccomp user notification), where it runs
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
         self.setups, self.ids_note = prepare_world(self.dir, world_size, backend, shared_dir, sandbox)
         self.conns, self.procs = [], []
@@ -75,7 +78,7 @@ class World:
                 ready = None
             if not ready:
                 self.procs[r].join(1.0)
-                code, stderr = self.procs[r].exitcode, self._stderr(r)
+                code, stderr = self.procs[r].exitcode, self.stderr_of(r)
                 self.kill()
                 how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
@@ -110,12 +113,15 @@ class World:
             p.join(2.0)
         self.close()
 
-    def _stderr(self, rank: int, limit: int = 4000) -> str:
+    def stderr_of(self, rank: int, limit: int = 4000) -> str:
         try:
             with open(self.setups[rank].stderr, errors="replace") as f:
                 return f.read()[-limit:]
         except OSError:
             return ""
+
+    def pids(self) -> list:
+        return [p.pid for p in self.procs]
 
     def watch_memory(self, limit_gb: float):
         """End any rank whose resident memory is over the limit; the call then reports it as a crash."""
@@ -125,8 +131,8 @@ class World:
                 self.over_memory[r] = (used, limit_gb)
                 p.kill()
 
-    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float) -> tuple:
-        """Run ``fn`` on every rank: (each rank's value, the trace, each rank's FLOPs or None, the injected
+    def call(self, fn, args, kwargs, policy: Policy, timeout: float, memory_gb: float, probes=()) -> tuple:
+        """Run ``fn`` on every rank: (each rank's value, the trace, each probe's result by name, the injected
         kill or None).  Raises what went wrong, in plain words."""
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
@@ -141,99 +147,109 @@ class World:
             error.world_reusable = True   # nothing was sent: the world is as it was
             raise error from e
         self.sent_fns.add(fn_key)
-        for stream in self.records:
+        for stream in self.records:   # what a rank streamed before this call is no part of it
             stream.drain()
             stream.clear()
+        for probe in probes:
+            probe.start(self)
         for c, payload in zip(self.conns, payloads):
             c.send_bytes(payload)
-        replies: dict[int, Reply] = {}
-        deadline = time.monotonic() + timeout
-        first_error_at = killed = None
-        pending = {c: r for r, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        streams = {stream.reader: stream for stream in self.records}
-        while pending:
-            wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
-            left = wait_until - time.monotonic()
-            ready = mpc.wait(list(pending) + list(sentinels) + list(streams), max(0.0, min(left, _WATCH_INTERVAL)))
-            for obj in [o for o in ready if o in streams]:
-                streams[obj].drain()   # a full pipe would block the rank: read as it comes
-            if not ready:
-                if left <= _WATCH_INTERVAL:
-                    break
-                self.watch_memory(memory_gb)
-                continue
-            for obj in ready:
-                if obj in streams:
-                    continue
-                if obj in sentinels:
-                    r = sentinels.pop(obj)
-                    obj = self.conns[r]
-                    if obj not in pending:
-                        continue
-                    if not obj.poll():
-                        killed = self._death(r, policy)
-                        del pending[obj]
-                        deadline = min(deadline, time.monotonic() + _KILL_GRACE)
-                        continue
-                if obj in pending:
-                    r = pending[obj]
-                    try:
-                        replies[r] = self._reply(r, obj.recv_bytes(), token)
-                    except (EOFError, OSError):
-                        # The pipe closed without a reply: the rank died.  (Leaving it in the
-                        # wait set would make an always-ready pipe: a busy loop forever.)
-                        killed = self._death(r, policy)
-                        del pending[obj]
-                        deadline = min(deadline, time.monotonic() + _KILL_GRACE)
-                        continue
-                    del pending[obj]
-                    if replies[r].status != "ok" and first_error_at is None:
-                        first_error_at = time.monotonic()
+        replies, pending, killed = self._collect(token, timeout, memory_gb, probes)
         for stream in self.records:
             stream.drain()
         if killed is not None:   # the test's own fault: what the others returned, and no trace
             self.kill()
             values = [replies[r].value if r in replies and replies[r].status == "ok" else None
                       for r in range(self.world_size)]
-            return values, Trace(), None, killed
-        if pending and first_error_at is None:
-            raise self._hang(timeout, sorted(pending.values()))
+            return values, Trace(), {}, killed
+        if pending and not any(rep.status != "ok" for rep in replies.values()):
+            raise self._hang(timeout, sorted(pending))
         ops, streamed = zip(*[stream.ops(r) for r, stream in enumerate(self.records)])
         errors = {r: rep for r, rep in replies.items() if rep.status != "ok"}
         retire = any(rep.retire for rep in replies.values())   # a rank asks for a fresh world
         if errors:
-            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
-            if dead and all(is_gloo_fallout(rep) for rep in errors.values()):
-                raise self._crash(dead[0])  # the others' errors are only its echo
-            error = rank_error(errors, self.world_size)
-            # Every rank returned and their ops pair up: nothing is left in flight, so the
-            # world is reusable (a stub fails every example; rebuilding each time is slow).
-            error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
-                                    and ops_balanced(ops))
-            if not error.world_reusable:
-                self.kill()
-            raise error
+            raise self._failed(errors, pending, ops, retire)
         try:
             check_record(ops, streamed, replies, policy)
             trace = build_trace(ops, self.records)
+            values = [replies[r].value for r in range(self.world_size)]
+            outcome = CallOutcome(values, trace, _rank_results(replies))
+            results = {probe.name: probe.finish(self, outcome) for probe in probes}
         except BaseException:
             self.kill()
             raise
         if retire:
             self.close()   # ``run`` builds a fresh world for the next call
-        flops = [replies[r].flops for r in range(self.world_size)]
-        return [replies[r].value for r in range(self.world_size)], trace, None if None in flops else flops, None
+        return values, trace, results, None
 
-    def _death(self, rank: int, policy: Policy) -> Killed:
+    def _collect(self, token: bytes, timeout: float, memory_gb: float, probes) -> tuple:
+        """Wait for every rank's reply, reading the record streams as they come and ticking the probes and
+        the memory guard.  Returns (replies by rank, the ranks still pending, the injected kill or None)."""
+        replies: dict[int, Reply] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = killed = None
+        last_tick = time.monotonic()
+        pending = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        streams = {stream.reader: stream for stream in self.records}
+        while pending:
+            wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
+            left = wait_until - time.monotonic()
+            if left <= 0:
+                break
+            ready = mpc.wait(list(pending) + list(sentinels) + list(streams), min(left, _WATCH_INTERVAL))
+            if time.monotonic() - last_tick >= _WATCH_INTERVAL:   # also while records stream without a pause
+                last_tick = time.monotonic()
+                self.watch_memory(memory_gb)
+                for probe in probes:
+                    probe.tick(self)
+            for obj in ready:
+                if obj in streams:
+                    if not streams[obj].drain():
+                        del streams[obj]   # the rank is gone: its pipe is at end of file, always ready
+                    continue
+                r = sentinels.pop(obj) if obj in sentinels else pending.get(obj)
+                conn = self.conns[r]
+                if conn not in pending:
+                    continue
+                try:
+                    data = conn.recv_bytes() if obj is conn or conn.poll() else None
+                except (EOFError, OSError):
+                    data = None   # the pipe closed without a reply: the rank died
+                del pending[conn]
+                if data is None:
+                    killed = self._death(r, probes)
+                    deadline = min(deadline, time.monotonic() + _KILL_GRACE)
+                    continue
+                replies[r] = self._reply(r, data, token)
+                if replies[r].status != "ok" and first_error_at is None:
+                    first_error_at = time.monotonic()
+        return replies, set(pending.values()), killed
+
+    def _failed(self, errors: dict, pending: set, ops, retire: bool) -> BaseException:
+        """The exception for ranks that raised; the world stays only when nothing is left in flight."""
+        dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+        if dead and all(is_gloo_fallout(rep) for rep in errors.values()):
+            return self._crash(dead[0])  # the others' errors are only its echo
+        error = rank_error(errors, self.world_size)
+        # Every rank returned and their ops pair up: nothing is left in flight, so the world is
+        # reusable (a stub fails every example; rebuilding each time is slow).
+        error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
+                                and ops_balanced(ops))
+        if not error.world_reusable:
+            self.kill()
+        return error
+
+    def _death(self, rank: int, probes) -> Killed:
         """Rank ``rank`` died without a reply: the test's injected kill (or its fallout on another rank)
         is returned; anything else is raised as a crash."""
-        target = policy.kill.rank if policy.kill is not None else None
-        if target is not None and target < self.world_size:
-            self.procs[target].join(1.0)
-            killed = killed_from(target, self.procs[target].exitcode, self._stderr(target))
-            if killed is not None:
-                return killed
+        for probe in probes:
+            recognise = getattr(probe, "recognise", None)
+            if recognise is not None:
+                for r in range(self.world_size):
+                    killed = recognise(self, r)
+                    if killed is not None:
+                        return killed
         raise self._crash(rank)
 
     def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
@@ -254,7 +270,7 @@ class World:
         self.procs[rank].join(1.0)  # its pipe can close a moment before it is reaped
         time.sleep(0.1)  # let the other ranks' stderr settle
         code = self.procs[rank].exitcode
-        stderr = self._stderr(rank)
+        stderr = self.stderr_of(rank)
         self.kill()
         if rank in self.over_memory:
             used, limit = self.over_memory[rank]

@@ -229,7 +229,7 @@ def test_all_reduce_depends_on_its_messages(target, case, data):
     harness.check(bool(sends), f"ring_all_reduce of {_describe(case)}: no rank sent a message with any element "
                   "in it; the sum can only reach the other ranks through the ring's messages")
     rank, k = data.draw(st.sampled_from(sends), label="the perturbed send (rank, its k-th send from 0)")
-    changed, perturbed_trace = harness.run(_invoke, n, target, "ring_all_reduce", inputs, perturb=(rank, k))
+    changed, perturbed_trace = harness.run(_invoke, n, target, "ring_all_reduce", inputs, probes=[harness.Perturb(rank, k)])
     marked = [op for op in perturbed_trace.ops(rank, "send") if op.perturbed]
     harness.check(len(marked) == 1, f"ring_all_reduce of {_describe(case)}: asked to perturb rank {rank}'s "
                   f"send #{k}, but it sent only {len(perturbed_trace.ops(rank, 'send'))} messages on the second run",

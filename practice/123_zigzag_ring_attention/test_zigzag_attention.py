@@ -98,8 +98,7 @@ def _contiguous(mine):
 def training_step(target, case):
     """The run most properties share: forward and backward on every rank, FLOPs counted."""
     tensors = sequence(case)
-    result = harness.run(_attend, case["world"], target, shard_inputs(case, tensors, range(case["world"])),
-                         count_flops=True, reuse=True)
+    result = harness.run(_attend, case["world"], target, shard_inputs(case, tensors, range(case["world"])), reuse=True)
     return tensors, result
 
 
@@ -323,9 +322,9 @@ def test_zigzag_beats_the_contiguous_split(target, case):
     """The contiguous split measures max/min = N; zigzag's is 1 and its slowest rank does less."""
     tensors = sequence(case)
     n, shard = case["world"], 2 * case["chunk"]
-    zigzag = harness.run(_attend, n, target, shard_inputs(case, tensors[:3], range(n)), count_flops=True).flops
+    zigzag = harness.run(_attend, n, target, shard_inputs(case, tensors[:3], range(n))).flops
     contiguous = harness.run(_contiguous, n, harness.per_rank(
-        [[t[:, :, r * shard:(r + 1) * shard].clone() for t in tensors[:3]] for r in range(n)]), count_flops=True).flops
+        [[t[:, :, r * shard:(r + 1) * shard].clone() for t in tensors[:3]] for r in range(n)])).flops
     expected = [(r + 1) * 2 * block_flops(case, shard) for r in range(n)]
     harness.check(contiguous == expected, f"kit defect: the test's contiguous ring counted {contiguous} FLOPs, "
                   f"expected {expected}")

@@ -1,7 +1,7 @@
 """Problem 125 properties.  Each test is one line of the statement's list.
 
 Learner code runs only on the ranks (``harness.run``), which share one folder per test module
-(``shared_dir``); every hypothesis example gets its own sub-folder, made here.  Expected values come
+(``harness.SharedFolder``); every hypothesis example gets its own sub-folder, made here.  Expected values come
 from uninterrupted single-process training in this process (``ckpt_data.oracle``).  Which samples a
 rank consumed is read from the dataset's own log of ``dataset[i]`` calls, never from the trainer.
 """
@@ -23,15 +23,15 @@ ATOL, RTOL = 1e-9, 1e-7
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """The folder every rank of this module's calls may write in."""
-    return str(tmp_path_factory.mktemp("checkpoints"))
+def shared():
+    """The folder every rank of this module's calls may write in (``harness.SharedFolder``: a probe)."""
+    return harness.SharedFolder()
 
 
 def _folder(shared, *key):
     """A sub-folder for one case, named by the case, made here (the ranks may write only under ``shared``)."""
     name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-    path = os.path.join(shared, name)
+    path = os.path.join(shared.path, name)
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -121,9 +121,9 @@ def _save_then_resume(target, case, shared):
     """Call A: train k1 steps on N ranks, saving after each.  Call C: resume on M ranks, train k2 more."""
     folder = _folder(shared, "resume", case)
     first = harness.run(_session, case["n_save"], target, case, folder, case["k1"], False, True,
-                        shared_dir=shared, reuse=True).values
+                        probes=[shared], reuse=True).values
     second = harness.run(_session, case["n_resume"], target, case, folder, case["k2"], True, False, True,
-                         shared_dir=shared, reuse=True).values
+                         probes=[shared], reuse=True).values
     return folder, first, second
 
 
@@ -270,10 +270,10 @@ def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, r
     complete checkpoint (the torn one is ignored) with exactly its state."""
     folder = _folder(shared, "kill", request.node.nodeid, case, os.urandom(8))
     k1, n = case["k1"], case["n_save"]
-    harness.run(_session, n, target, case, folder, k1, False, True, shared_dir=shared)
+    harness.run(_session, n, target, case, folder, k1, False, True, probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
-    during = harness.run(_session, n, target, case, folder, 1, True, True, shared_dir=shared, kill=kill)
+    during = harness.run(_session, n, target, case, folder, 1, True, True, probes=[shared, kill])
     if during.killed is None:
         _check_committed(folder, k1 + 1, f"resume(), one step and save() returned on every rank after step {k1 + 1}")
     complete = os.path.isfile(os.path.join(folder, f"step_{k1 + 1}", "COMMIT"))
@@ -282,7 +282,7 @@ def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, r
               if during.killed else f"no kill fired (the save of step {k1 + 1} completed)")
     expected = oracle(case, want + 1)
     after = harness.run(_session, case["n_resume"], target, case, folder, 1, True, False, catch=True,
-                        shared_dir=shared).values
+                        probes=[shared]).values
     for rank, out in enumerate(after):
         harness.check("resume_error" not in out,
                       f"{killed}; step_{k1 + 1}/COMMIT {'exists' if complete else 'does not exist'}, so the newest "
@@ -360,7 +360,7 @@ def test_damaged_checkpoint_raises_checkpoint_error_naming_the_file(target, case
     folder = _folder(shared, "damage", request.node.nodeid, case, os.urandom(8))
     empty = _folder(shared, "empty", request.node.nodeid, case, os.urandom(8))
     k1 = case["k1"]
-    harness.run(_session, case["n_save"], target, case, folder, k1, False, True, shared_dir=shared)
+    harness.run(_session, case["n_save"], target, case, folder, k1, False, True, probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     newest = os.path.join(folder, f"step_{k1}")
     files = sorted(f for f in os.listdir(newest) if f != "COMMIT" and os.path.isfile(os.path.join(newest, f)))
@@ -368,7 +368,7 @@ def test_damaged_checkpoint_raises_checkpoint_error_naming_the_file(target, case
     name = files[case["pick"] % len(files)]
     _damage(os.path.join(newest, name), case["damage"], case["where"])
     what = f"step_{k1}/{name} {case['damage']} (saved on {case['n_save']} rank(s))"
-    seen = harness.run(_try_resume, case["n_resume"], target, case, empty, folder, shared_dir=shared).values
+    seen = harness.run(_try_resume, case["n_resume"], target, case, empty, folder, probes=[shared]).values
     for rank, (on_empty, on_damaged) in enumerate(seen):
         for got, situation, named in ((on_empty, "a folder with no checkpoint", None),
                                       (on_damaged, f"a checkpoint with {what}", name)):
