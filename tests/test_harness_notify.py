@@ -195,10 +195,22 @@ def test_an_event_in_a_grandchild_kills_the_named_process_and_the_caller(tmp_pat
         os.waitpid(writer, 0)
         return "the grandchild wrote"
 
-    ended, _, supervisor = supervised(child, notify.Rules(count_under=str(tmp_path), kill_at=(1, 0)),
+    ended, _, supervisor = supervised(child, notify.Rules(count_under=str(tmp_path), kill_at=(1, None)),
                                       kill_the_child=True)
     assert ended == "SIGKILL" and os.listdir(tmp_path) == []
     assert supervisor.killed.what == "open for writing"
+
+
+def test_an_event_in_a_thread_started_later_kills_the_whole_process(tmp_path):
+    def child():
+        writer = threading.Thread(target=(tmp_path / "from_thread").write_text, args=("x",))
+        writer.start()
+        writer.join()
+        return "the thread wrote"
+
+    ended, _, supervisor = supervised(child, notify.Rules(count_under=str(tmp_path), kill_at=(1, None)))
+    assert ended == "SIGKILL" and os.listdir(tmp_path) == []
+    assert supervisor.describe(supervisor.killed) == f"open for writing {tmp_path.name}/from_thread"
 
 
 def test_the_rank_keeps_no_listener_and_reads_cost_nothing_in_mode_events(tmp_path):
@@ -319,19 +331,26 @@ def test_relative_paths_resolve_from_the_callers_folder(tree):
     assert (root / "private" / "rel").read_text() == "relative"
 
 
-def test_what_a_process_holds_can_be_reopened_through_proc_but_not_another_processs(tree):
-    _, rules = tree
+def test_what_a_process_holds_is_reopened_through_proc_by_the_rules_of_its_path(tree):
+    root, rules = tree
     parent = os.getpid()
 
     def child():
         r, w = os.pipe()
-        with open(f"/proc/self/fd/{w}", "w") as again:     # a pipe: no path to check, the process's own
+        with open(f"/proc/self/fd/{w}", "w") as again:    # a pipe: it never had a path
             again.write("through /proc")
         os.close(w)
-        return os.read(r, 100).decode(), refused(open, f"/proc/{parent}/status")
+        scratch = root / "private" / "scratch"
+        held = os.open(scratch, os.O_RDWR | os.O_CREAT, 0o600)
+        os.remove(scratch)                                 # "<private>/scratch (deleted)": judged as in private
+        memfd = os.memfd_create("anonymous")               # "/memfd:anonymous (deleted)": outside the roots
+        return {"pipe": os.read(r, 100).decode(), "deleted file": refused(open, f"/proc/self/fd/{held}", "w"),
+                "memfd": refused(open, f"/proc/self/fd/{memfd}", "w"),
+                "another process": refused(open, f"/proc/{parent}/status")}
 
     value, _ = returned(child, rules)
-    assert value == ("through /proc", "refused")
+    assert value == {"pipe": "through /proc", "deleted file": "allowed", "memfd": "refused",
+                     "another process": "refused"}
 
 
 def test_symlinks_into_a_hidden_folder_are_refused(tree):
@@ -433,6 +452,12 @@ def test_what_a_routed_open_costs(tmp_path):
     enforce, _ = returned(enforced, notify.Rules(mode="enforce", writable=("/dev/null",)))
     costs = {**before, **events, **enforce}
     print("\n" + "\n".join(f"  {name:42s} {us:7.1f} us per open" for name, us in costs.items()))
+
+
+@pytest.mark.parametrize("kill_at", [(0, None), (1, 0), (1, -1), (1, os.getpid()), (1,), (True, None)])
+def test_a_kill_that_could_hit_a_process_group_or_the_supervisor_is_refused(kill_at):
+    with pytest.raises(ValueError, match="kill_at"):
+        notify.Rules(kill_at=kill_at)
 
 
 # ---- the filter itself -----------------------------------------------------------------------------

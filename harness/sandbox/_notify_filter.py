@@ -129,12 +129,23 @@ def unavailable_reason() -> str | None:
     rc, err = _seccomp(_GET_NOTIF_SIZES, 0, sizes)
     if rc != 0 or tuple(sizes) != (80, 24, 64):
         return f"unexpected seccomp notification sizes {tuple(sizes)} ({os.strerror(err) if rc else 'layout'})"
+    yama = _read("/proc/sys/kernel/yama/ptrace_scope")
+    if yama and int(yama) >= 2:
+        return f"Yama ptrace_scope is {int(yama)}: a supervisor may not read a rank's memory"
     # With no program the kernel checks the flags, then fails to copy the program (EFAULT): a probe
     # that installs nothing.
     rc, err = _seccomp(_SET_MODE_FILTER, _FLAGS, None)
     if err != errno.EFAULT:
         return f"seccomp listener flags refused: {os.strerror(err)} (needs Linux >= 5.19)"
     return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def install(mode: str) -> int | str:

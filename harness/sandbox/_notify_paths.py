@@ -25,6 +25,7 @@ _AT_REMOVEDIR, _AT_SYMLINK_NOFOLLOW, _AT_SYMLINK_FOLLOW, _AT_EMPTY_PATH = 0x200,
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH, _RESOLVE_IN_ROOT = 0x02, 0x04, 0x08, 0x10
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_MAX, _MAX_LINKS = 4096, 40
+_DELETED = " (deleted)"                      # how /proc/<pid>/fd/<n> names a file that was removed
 
 # name: (operation, ((dirfd argument, or None for AT_FDCWD; path argument), ...), flags argument, mode argument)
 _CALLS = {
@@ -142,7 +143,15 @@ def _parts(path: str) -> list[str]:
 
 def _names_no_path(target: str) -> bool:
     """A /proc link's target that is no path to walk: "pipe:[12]", "socket:[3]", "/tmp/x (deleted)"."""
-    return target.endswith(" (deleted)") or (not target.startswith("/") and ":" in target)
+    return target.endswith(_DELETED) or (not target.startswith("/") and ":" in target)
+
+
+def rule_path(path: str, magic: str | None) -> str | None:
+    """The path the rules judge: ``path``, or for a /proc fd link to a deleted file the path it had
+    (as Landlock judges it); None for a pipe, a socket or another object that never had a path."""
+    if magic is None:
+        return path
+    return magic[:-len(_DELETED)] if magic.endswith(_DELETED) else None
 
 
 def under(path: str, roots) -> bool:
@@ -259,7 +268,7 @@ class Caller:
         if beneath or not path.startswith("/"):
             _, base = self._fd_link(dirfd)
             if _names_no_path(base):
-                raise OSError(errno.ENOENT if base.endswith(" (deleted)") else errno.ENOTDIR, base)
+                raise OSError(errno.ENOENT if base.endswith(_DELETED) else errno.ENOTDIR, base)
         canonical, magic, links = resolve(path, base, follow, self.readlink, base if beneath else "/")
         if (links and how & _RESOLVE_NO_SYMLINKS) or (magic is not None and how & _RESOLVE_NO_MAGICLINKS):
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)

@@ -34,12 +34,16 @@ fd in the caller, atomically with the answer), the other calls with their dirfd 
 canonical path is opened with RESOLVE_NO_SYMLINKS, so a symlink swapped in since the check fails
 the call instead of redirecting it.  Only execve still uses CONTINUE (its TOCTOU remains).
 
-Assumptions and limits: the supervisor runs as the ranks' user (what it creates, it owns; it uses the
-caller's umask), in their mount namespace, and the sandbox's seccomp filter keeps ranks from new
-namespaces, ptrace and prctl(PR_SET_DUMPABLE).  FIFOs cannot be opened in mode "enforce" without
-O_NONBLOCK (the supervisor would block), nor ``/proc/<pid>/fd/<n>`` reopened for link(); reopening a
-fd of a file by its /proc link reopens the file by path.  Calls not routed (stat, access, readlink,
-chdir, getdents on fds already open) see hidden paths' existence, not their contents.
+Assumptions and limits.  A routed call waits for the test process: it must call ``handle_ready``
+whenever the fd is readable, also while it waits for anything else.  The rank must not keep the
+listener fd (``hand_over`` closes it).  The supervisor runs as the ranks' user (what it creates, it
+owns; it applies the caller's umask) in their mount namespace, and the sandbox's own seccomp filter
+keeps ranks from new namespaces, ptrace and prctl(PR_SET_DUMPABLE); io_uring and open_by_handle_at,
+which reach files with no path to check, fail with EPERM here.  In mode "enforce" a FIFO cannot be
+opened for reading without O_NONBLOCK (the supervisor would wait for a writer), a
+``/proc/<pid>/fd/<n>`` link of a pipe or deleted file cannot be hard-linked, and reopening a file
+through its /proc fd link reopens it by path.  Calls that are not routed (stat, access, readlink,
+chdir, getxattr) still see whether a hidden path exists, never what it holds.
 """
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ._notify_filter import MODES, install, syscall_names, unavailable_reason
-from ._notify_paths import Caller, decode, under
+from ._notify_paths import Caller, decode, rule_path, under
 
 __all__ = ["Rules", "Event", "Supervisor", "install", "hand_over", "send_fd", "recv_fd", "unavailable_reason"]
 
@@ -91,13 +95,26 @@ class Rules:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"Rules.mode must be one of {MODES}, got {self.mode!r}")
-        if self.kill_at is not None and (len(self.kill_at) != 2 or not isinstance(self.kill_at[0], int)
-                                         or self.kill_at[0] < 1):
-            raise ValueError(f"Rules.kill_at must be (n >= 1, pid or None), got {self.kill_at!r}")
+        if self.kill_at is not None and not _kill_at_ok(self.kill_at):
+            raise ValueError(f"Rules.kill_at must be (n >= 1, None or the pid of another process), "
+                             f"got {self.kill_at!r}")
         for name in ("hidden", "writable"):
             object.__setattr__(self, name, tuple(os.path.realpath(p) for p in getattr(self, name)))
         if self.count_under is not None:
             object.__setattr__(self, "count_under", os.path.realpath(self.count_under))
+
+
+def _kill_at_ok(kill_at) -> bool:
+    """(n >= 1, None or the pid of another process): never pid 0 or -1 (a whole process group), nor ours."""
+    try:
+        n, pid = kill_at
+    except (TypeError, ValueError):
+        return False
+
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    return whole(n) and n >= 1 and (pid is None or (whole(pid) and pid > 1 and pid != os.getpid()))
 
 
 @dataclass(frozen=True)
@@ -195,10 +212,11 @@ class Supervisor:
     def _refusal(self, call, caller) -> Event | None:
         """The refused path, when ``rules`` refuse ``call`` (mode "enforce")."""
         for path, magic in zip(call.paths, call.magic):
-            if magic is None:
-                refused = under(path, self.rules.hidden) or (call.writes and not under(path, self.rules.writable))
-            else:                            # a pipe, socket or deleted file a process holds open
-                refused = call.op == "link"
+            checked = rule_path(path, magic)
+            if checked is None:              # a pipe, socket or anonymous file the process holds open...
+                refused = call.op == "link"  # ...but not a new name for it
+            else:
+                refused = under(checked, self.rules.hidden) or (call.writes and not under(checked, self.rules.writable))
             if refused or caller.foreign_proc(path):
                 return Event(_what(call), path, caller.tid)
         return None
