@@ -106,6 +106,7 @@ def test_every_route_to_a_write_event_under_the_folder_is_counted(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (tmp_path / "elsewhere").mkdir()
+    (ckpt / ("long" * 60)).write_text("")
 
     def child():
         with open(ckpt / "a.tmp", "w") as f:                                       # open
@@ -125,6 +126,7 @@ def test_every_route_to_a_write_event_under_the_folder_is_counted(tmp_path):
         how = struct.pack("=QQQ", os.O_WRONLY | os.O_CREAT, 0o644, 0)              # openat2: flags in memory
         os.close(LIBC.syscall(437, -100, os.fsencode(ckpt / "f"), how, len(how)))
         os.remove(ckpt / "f")
+        os.remove(ckpt / ("long" * 60))                                            # a path over 256 bytes
         (ckpt / "c").read_text()                                                   # a read: not an event
         (tmp_path / "elsewhere" / "x").write_text("x")                             # outside the folder
         return sorted(os.listdir(ckpt))
@@ -134,7 +136,8 @@ def test_every_route_to_a_write_event_under_the_folder_is_counted(tmp_path):
     assert counted(supervisor) == [("open for writing", "a.tmp"), ("open for writing", "b"),
                                    ("open for writing", "c"), ("rename to", "a"), ("remove", "b"),
                                    ("mkdir", "sub"), ("rmdir", "sub"), ("open for writing", "d"),
-                                   ("rename to", "e"), ("open for writing", "f"), ("remove", "f")]
+                                   ("rename to", "e"), ("open for writing", "f"), ("remove", "f"),
+                                   ("remove", "long" * 60)]
     assert supervisor.describe(supervisor.events[0]) == "open for writing ckpt/a.tmp"
 
 
@@ -430,7 +433,7 @@ def test_io_uring_is_denied(tmp_path):
 
 # ---- costs ---------------------------------------------------------------------------------------------
 
-def _opens_per_second(flags: int, n: int = 2000) -> float:
+def _microseconds_per_open(flags: int, n: int = 2000) -> float:
     start = time.perf_counter()
     for _ in range(n):
         os.close(os.open("/dev/null", flags))
@@ -440,13 +443,13 @@ def _opens_per_second(flags: int, n: int = 2000) -> float:
 def test_what_a_routed_open_costs(tmp_path):
     """Microseconds per open of /dev/null, printed (run with -s); asserted only where it must be zero."""
     def child():
-        return {"read, mode events": _opens_per_second(os.O_RDONLY),
-                "write, mode events (routed)": _opens_per_second(os.O_WRONLY)}
+        return {"read, mode events": _microseconds_per_open(os.O_RDONLY),
+                "write, mode events (routed)": _microseconds_per_open(os.O_WRONLY)}
 
     def enforced():
-        return {"read, mode enforce (routed, fd injected)": _opens_per_second(os.O_RDONLY)}
+        return {"read, mode enforce (routed, fd injected)": _microseconds_per_open(os.O_RDONLY)}
 
-    before = {"read, no filter": _opens_per_second(os.O_RDONLY)}
+    before = {"read, no filter": _microseconds_per_open(os.O_RDONLY)}
     events, supervisor = returned(child, notify.Rules(count_under=str(tmp_path)))
     assert supervisor.handled == 2000, "only the 2000 opens for writing reach the supervisor"
     enforce, _ = returned(enforced, notify.Rules(mode="enforce", writable=("/dev/null",)))

@@ -220,7 +220,9 @@ class Caller:
             raise OSError(errno.EFAULT, os.strerror(errno.EFAULT)) from None
 
     def string(self, address: int) -> str:
-        data = self.read(address, _PATH_MAX)
+        data = self.read(address, 256)                   # most paths: a shorter copy
+        if b"\0" not in data and len(data) == 256:
+            data = self.read(address, _PATH_MAX)
         end = data.find(b"\0")
         if end < 0:
             raise OSError(errno.ENAMETOOLONG if len(data) == _PATH_MAX else errno.EFAULT, "path argument")
