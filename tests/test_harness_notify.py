@@ -204,6 +204,34 @@ def test_an_event_in_a_grandchild_kills_the_named_process_and_the_caller(tmp_pat
     assert supervisor.killed.what == "open for writing"
 
 
+def test_new_rules_for_the_next_call_count_from_one_again(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        notify.hand_over(theirs.fileno(), "events")
+        (first / "one").write_text("1")
+        theirs.recv(1)                                     # the test process has new rules
+        (second / "two").write_text("2")
+        (second / "three").write_text("3")
+        os._exit(0)
+    theirs.close()
+    supervisor = notify.Supervisor(notify.recv_fd(ours.fileno()), notify.Rules(count_under=str(first)))
+    while not supervisor.events:
+        multiprocessing.connection.wait([supervisor], timeout=TIMEOUT)
+        supervisor.handle_ready()
+    supervisor.reset(notify.Rules(count_under=str(second), kill_at=(2, None)))
+    ours.send(b"!")
+    while supervisor.handle_ready():
+        multiprocessing.connection.wait([supervisor], timeout=TIMEOUT)
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL and os.listdir(second) == ["two"]
+    assert counted(supervisor) == [("open for writing", "two"), ("open for writing", "three")]
+    supervisor.close()
+
+
 def test_an_event_in_a_thread_started_later_kills_the_whole_process(tmp_path):
     def child():
         writer = threading.Thread(target=(tmp_path / "from_thread").write_text, args=("x",))

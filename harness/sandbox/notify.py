@@ -128,7 +128,8 @@ class Event:
 
 @dataclass
 class Supervisor:
-    """Answers the calls of the processes under one listener fd; ``handle_ready`` never blocks."""
+    """Answers the calls of the processes under one listener fd; ``handle_ready`` never blocks.  One
+    thread at a time: it is meant for the test process's wait loop, beside the rank pipes."""
     listener_fd: int
     rules: Rules
     events: list = field(default_factory=list)       # counted Events, in order
@@ -152,6 +153,10 @@ class Supervisor:
         if self.listener_fd >= 0:
             os.close(self.listener_fd)
             self.listener_fd = -1
+
+    def reset(self, rules: Rules):
+        """New rules for the rank's next call (a pooled rank outlives one call): counting starts again."""
+        self.rules, self.events, self.denied, self.killed, self._doomed = rules, [], [], None, None
 
     def describe(self, event: Event) -> str:
         """"open for writing ckpt/step_2/rank_1.pt.tmp": the path from the counted folder's parent."""
