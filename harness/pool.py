@@ -87,17 +87,19 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
         raise WorldSkipped(f"a world of {world_size} ranks is left out here (only {sorted(given.world_sizes)})")
     backend = pick_backend(world_size, backend or given.backend or "auto")
     probes = _probes(given.probes, probes)
-    policy = Policy(given.forbid if forbid is None else forbid, given.allow if allow is None else allow,
-                    rank_parts=[part for part in (p.rank_part() for p in probes) if part is not None],
-                    default_device=AUDIT_DEVICE if given.audit_devices else None)
+    forbid, allow = given.forbid if forbid is None else forbid, given.allow if allow is None else allow
+    device = AUDIT_DEVICE if given.audit_devices else None
     faulty = any(isinstance(p, KillAt) for p in probes)
-    kept_as = call_key(fn, world_size, backend, args, kwargs, (policy, probes)) if reuse and not faulty else None
+    kept_as = call_key(fn, world_size, backend, args, kwargs, (forbid, allow, device, probes)) \
+        if reuse and not faulty else None
     kept = kept_result(kept_as)
     if kept is not None:
         return _result(*kept, given)
     shared = next((p.world_key() for p in probes if p.world_key() is not None), None)
     key = (world_size, backend, shared, SandboxSpec(given.hidden, given.landlock))
     world = _world(key)
+    policy = Policy(forbid, allow, default_device=device,
+                    rank_parts=[part for part in (p.rank_part(world) for p in probes) if part is not None])
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
     memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)

@@ -44,6 +44,7 @@ def supervised(child, rules: notify.Rules, kill_the_child: bool = False):
         try:
             ours.close()
             os.close(results_r)
+            sys.dont_write_bytecode = True          # a first import would write a .pyc: a write event
             why = notify.hand_over(theirs.fileno(), rules.mode)
             outcome = ("unavailable", why) if why else ("returned", child())
         except BaseException as e:                 # noqa: BLE001 -- reported to the test process
@@ -52,9 +53,9 @@ def supervised(child, rules: notify.Rules, kill_the_child: bool = False):
         os._exit(0)
     theirs.close()
     os.close(results_w)
-    fd = notify.recv_fd(ours.fileno())
+    fd, text = notify.recv_fd(ours.fileno())
     ours.close()
-    assert isinstance(fd, int), f"the child could not install the filter: {fd}"
+    assert isinstance(fd, int), f"the child could not install the filter: {text}"
     if kill_the_child:
         rules = dataclasses.replace(rules, kill_at=(rules.kill_at[0], pid))
     supervisor = notify.Supervisor(fd, rules)
@@ -219,7 +220,7 @@ def test_new_rules_for_the_next_call_count_from_one_again(tmp_path):
         (second / "three").write_text("3")
         os._exit(0)
     theirs.close()
-    supervisor = notify.Supervisor(notify.recv_fd(ours.fileno()), notify.Rules(count_under=str(first)))
+    supervisor = notify.Supervisor(notify.recv_fd(ours.fileno())[0], notify.Rules(count_under=str(first)))
     while not supervisor.events:
         multiprocessing.connection.wait([supervisor], timeout=TIMEOUT)
         supervisor.handle_ready()
@@ -244,6 +245,13 @@ def test_an_event_in_a_thread_started_later_kills_the_whole_process(tmp_path):
     assert supervisor.describe(supervisor.killed) == f"open for writing {tmp_path.name}/from_thread"
 
 
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
 def test_the_rank_keeps_no_listener_and_reads_cost_nothing_in_mode_events(tmp_path):
     def child():
         fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
@@ -252,8 +260,10 @@ def test_the_rank_keeps_no_listener_and_reads_cost_nothing_in_mode_events(tmp_pa
             os.close(os.open("/dev/null", os.O_RDONLY))
         return fds
 
+    inherited = [fd for fd in os.listdir("/proc/self/fd") if "seccomp" in _link(f"/proc/self/fd/{fd}")]
     fds, supervisor = returned(child, notify.Rules(count_under=str(tmp_path)))
-    assert not any("seccomp" in target for target in fds), fds
+    # (this test process may hold the listeners of its worlds' ranks: a forked child inherits those)
+    assert sum("seccomp" in target for target in fds) <= len(inherited), fds
     assert supervisor.handled == 0, "a read-only open reached the supervisor in mode events"
 
 

@@ -35,7 +35,8 @@ class Probe:
         """A hashable the world must be built for (its pool key includes it), or None."""
         return None
 
-    def rank_part(self) -> RankPart | None:
+    def rank_part(self, world) -> RankPart | None:
+        """What travels to the ranks for this call (it may depend on the world: what it can witness)."""
         return None
 
     def start(self, world):

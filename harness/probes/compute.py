@@ -23,7 +23,7 @@ class _CountCompute(RankPart):
 class Compute(Probe):
     name = "compute"
 
-    def rank_part(self):
+    def rank_part(self, world):
         return _CountCompute()
 
     def finish(self, world, call):

@@ -22,7 +22,7 @@ class _CountFlops(RankPart):
 class Flops(Probe):
     name = "flops"
 
-    def rank_part(self):
+    def rank_part(self, world):
         return _CountFlops()
 
     def finish(self, world, call):

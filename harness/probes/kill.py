@@ -42,12 +42,16 @@ class KillAt(Probe):
         self.under = None if under is None else os.path.realpath(under)
         self.outside = False
 
-    def rank_part(self):
+    def rank_part(self, world):
+        """Nothing travels to the ranks where the file witness counts outside them; else the audit hook."""
+        if world.shared is None:
+            raise ValueError("KillAt counts file events under the call's shared folder: give it a SharedFolder")
+        self.outside = world.files.can_kill(self.rank)
         return None if self.outside else _ArmTheAuditHook(self.rank, self.event, self.under)
 
     def start(self, world):
-        if world.shared is None:
-            raise ValueError("KillAt counts file events under the call's shared folder: give it a SharedFolder")
+        if self.outside:
+            world.files.arm_kill(self.rank, self.event, self.under or world.shared)
 
     def recognise(self, world, rank: int) -> "Killed | None":
         """The injected kill, if rank ``rank``'s death was it (the rank it names, SIGKILL, and either the file
@@ -55,7 +59,7 @@ class KillAt(Probe):
         if rank != self.rank:
             return None
         world.procs[rank].join(1.0)
-        if world.files is not None and self.outside:
+        if self.outside:
             return world.files.killed(rank)
         return killed_from(rank, world.procs[rank].exitcode, world.stderr_of(rank))
 

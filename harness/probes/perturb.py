@@ -30,5 +30,5 @@ class Perturb(Probe):
             raise ValueError(f"Perturb(rank, nth_send) takes two integers >= 0; got {rank!r}, {nth!r}")
         self.rank, self.nth = rank, nth
 
-    def rank_part(self):
+    def rank_part(self, world):
         return _PerturbSend(self.rank, self.nth)

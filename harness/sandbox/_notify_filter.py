@@ -21,7 +21,7 @@ import os
 import struct
 import sys
 
-from .._landlock import libc, machine
+from .landlock import libc, machine
 
 MODES = ("events", "enforce")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND

@@ -53,12 +53,14 @@ import fcntl
 import os
 import select
 import signal
-import socket
 import struct
 from dataclasses import dataclass, field
 
+from ._acting import acting_as
 from ._notify_filter import MODES, install, syscall_names, unavailable_reason
-from ._notify_paths import Caller, decode, rule_path, under
+from ._notify_caller import Caller
+from ._notify_fds import hand_over, recv_fd, send_fd  # noqa: F401  (part of this module's API)
+from ._notify_paths import decode, rule_path, under
 
 __all__ = ["Rules", "Event", "Supervisor", "install", "hand_over", "send_fd", "recv_fd", "unavailable_reason"]
 
@@ -252,16 +254,19 @@ class Supervisor:
             self._killed_pids.add(target)
 
     def _carry_out(self, nid, call, caller):
-        """Do ``call`` here, on the checked path, and answer with its result (mode "enforce")."""
+        """Do ``call`` here, on the checked path, as the caller (``_acting``), and answer with its result
+        (mode "enforce")."""
         try:
             if call.op == "open":
-                fd = caller.open(call)
+                with acting_as(caller.tid):
+                    fd = caller.open(call)
                 try:
                     self._ioctl(_ADDFD, struct.pack(_ADDFD_ARGS, nid, _ADDFD_SEND, fd, 0, call.flags & os.O_CLOEXEC))
                 finally:
                     os.close(fd)
                 return
-            caller.apply(call)
+            with acting_as(caller.tid):
+                caller.apply(call)
         except OSError as e:
             return self._send(nid, error=e.errno or errno.EIO)
         self._send(nid)
@@ -288,41 +293,3 @@ def _what(call) -> str:
     if call.op == "open":
         return "open for writing" if call.writes else "open for reading"
     return _WHAT[call.op]
-
-
-# ---- passing the listener fd ---------------------------------------------------------------------
-
-def send_fd(sock_fd: int, fd: int | None, reason: str = ""):
-    """Send ``fd`` over the connected AF_UNIX socket ``sock_fd`` (SCM_RIGHTS), or with None, ``reason``."""
-    payload = reason.encode(errors="replace")[:0xFFFF]
-    rights = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("=i", fd))]
-    with socket.socket(fileno=os.dup(sock_fd)) as sock:
-        sock.sendmsg([struct.pack("=H", len(payload)) + payload], rights)
-
-
-def recv_fd(sock_fd: int) -> int | str:
-    """The fd that ``send_fd`` sent over ``sock_fd`` (close-on-exec here), or the reason it sent instead.
-    Call it where the protocol expects that message: it reads exactly that message's bytes."""
-    with socket.socket(fileno=os.dup(sock_fd)) as sock:
-        head, ancillary, _, _ = sock.recvmsg(2, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC | socket.MSG_WAITALL)
-        if len(head) != 2:
-            raise ConnectionError("the socket closed before the listener fd came")
-        (size,) = struct.unpack("=H", head)
-        reason = sock.recv(size, socket.MSG_WAITALL).decode(errors="replace") if size else ""
-    fds = [struct.unpack("=i", data[:4])[0] for level, kind, data in ancillary
-           if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
-    return fds[0] if fds else reason
-
-
-def hand_over(sock_fd: int, mode: str) -> str | None:
-    """In the rank: install the filter, send the listener fd over ``sock_fd`` and close it here (a process
-    holding its own listener could answer its own calls).  None on success, else why not (also sent)."""
-    fd = install(mode)
-    if isinstance(fd, str):
-        send_fd(sock_fd, None, fd)
-        return fd
-    try:
-        send_fd(sock_fd, fd)
-    finally:
-        os.close(fd)
-    return None

@@ -7,7 +7,8 @@ every world: a grade can then rest on it.  Otherwise the summary says which meas
 from __future__ import annotations
 
 # measure -> what its state starts with when it is in force
-IN_FORCE = {"landlock": ("ABI",), "seccomp": ("on",), "uid": ("rank uid", "not needed")}
+IN_FORCE = {"landlock": ("ABI",), "seccomp": ("on",), "uid": ("rank uid", "not needed"),
+            "files": ("landlock", "enforced")}
 
 
 def in_force(measure: str, state: str) -> bool:

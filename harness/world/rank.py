@@ -23,7 +23,9 @@ import torch._dynamo  # noqa: F401  (first optimizer construction imports it laz
 from ..record.integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
 from ..record.kernels import install
 from .diagnose import ENGINE_DIR, short_path
+from ..probes.files import mode_for
 from ..sandbox import confine, guard_store, hint
+from ..sandbox.notify import hand_over, send_fd
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
 from .setup import RankSetup
@@ -98,6 +100,13 @@ def rank_main(setup: RankSetup, conn, record_conn):
     protections = confine(setup.tmp, store_file=setup.store, gpu=backend == "nccl",
                           writable=[setup.shared] if setup.shared else (), hidden=setup.sandbox.hidden,
                           landlock=setup.sandbox.landlock, ids=setup.ids)
+    # The file witness's filter, after confine (its checks read this rank's own identity) and before any
+    # code under test; the first message on the pipe, even when there is none (see probes.files).
+    mode = mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None)
+    if mode is None:
+        send_fd(conn.fileno(), None, "none")
+    else:
+        hand_over(conn.fileno(), mode)   # (what it could not do, it says to the test process)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it

@@ -21,6 +21,7 @@ from .diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks,
                         rank_error)
 from ..errors import HangError, RankCrashed, TraceTampered
 from ..probes.base import CallOutcome
+from ..probes.files import FileWitness
 from ..probes.kill import Killed
 from ..inputs import own_inputs
 from ..record.policy import Policy
@@ -54,7 +55,6 @@ class World:
         """``shared_dir``: a folder every rank may read and write (the sandbox grants it at start);
         ``sandbox``: what else confines the ranks (see ``setup.SandboxSpec``)."""
         self.world_size, self.backend, self.shared = world_size, backend, shared_dir
-        self.files = None   # the file witness (seccomp user notification), where it runs
         self.dir = tempfile.mkdtemp(prefix=f"harness-n{world_size}-")
         self.setups, self.ids_note = prepare_world(self.dir, world_size, backend, shared_dir, sandbox)
         self.conns, self.procs = [], []
@@ -71,6 +71,13 @@ class World:
             self.conns.append(parent)
             self.procs.append(p)
         deadline = time.monotonic() + _START_TIMEOUT
+        self.files = FileWitness(self.dir, self.setups)
+        for r, c in enumerate(self.conns):
+            try:
+                if c.poll(max(0.0, deadline - time.monotonic())):
+                    self.files.adopt(r, c.fileno())   # its first message: the file witness's listener
+            except (ConnectionError, OSError):
+                pass   # it died first: said below
         for r, c in enumerate(self.conns):
             try:
                 ready = c.poll(max(0.0, deadline - time.monotonic())) and json.loads(c.recv_bytes()).get("ready")
@@ -83,7 +90,7 @@ class World:
                 how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
                 raise RankCrashed(message, r, code, stderr)
-            self.protections.append(ready)
+            self.protections.append({**ready, "files": self.files.states.get(r, "unavailable: it sent no listener")})
 
     def close(self):
         for c in self.conns:
@@ -102,6 +109,7 @@ class World:
             c.close()
         for stream in self.records:
             stream.close()
+        self.files.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.procs, self.conns = [], []
 
@@ -150,6 +158,7 @@ class World:
         for stream in self.records:   # what a rank streamed before this call is no part of it
             stream.drain()
             stream.clear()
+        self.files.reset()
         for probe in probes:
             probe.start(self)
         for c, payload in zip(self.conns, payloads):
