@@ -15,6 +15,7 @@ Public API -- problems, the test helpers and the judge app use only these names:
                                   audit_devices: the device audit, world_sizes: the sizes calls may use,
                                   probes: every call's probes, hidden: paths no rank may read, landlock)
     protections()                 what confined the ranks so far, and whether it was all in force (``sealed``)
+    protections_here()            what this machine allows, before any world starts (the same form)
     pick_backend(world_size, backend="auto"), shutdown(), prestart()   the pool: its backend, stopping it,
                                   starting the torch-preloaded forkserver early
     phase(name, step=None)        mark a region inside a rank function
@@ -37,7 +38,7 @@ does not import torch.
 import importlib
 
 _EXPORTS = {
-    "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool", "protections": "pool",
+    "run": "pool", "RunResult": "pool", "pick_backend": "pool", "shutdown": "pool", "protections": "pool", "protections_here": "sandbox.status",
     "per_rank": "inputs", "PerRank": "inputs",
     "defaults": "config", "RunDefaults": "config",
     "prestart": "world.boot",

@@ -32,14 +32,17 @@ _HELD: list[int] = []      # the lifeline this test process already watches (a w
 def scratch_root() -> str:
     """This judge process's folder for every temporary folder it makes (removed at exit)."""
     if not _SCRATCH:
-        _SCRATCH.append(tempfile.mkdtemp(prefix="kit-judge-"))
+        _SCRATCH.append(tempfile.mkdtemp(prefix="kit-"))
+        os.chmod(_SCRATCH[0], 0o711)   # ranks of their own uid reach their folders inside; nobody lists it
         atexit.register(shutil.rmtree, _SCRATCH[0], True)
     return _SCRATCH[0]
 
 
 def scratch(prefix: str) -> tempfile.TemporaryDirectory:
-    """A temporary folder inside the scratch root."""
-    return tempfile.TemporaryDirectory(prefix=prefix, dir=scratch_root())
+    """A temporary folder inside the scratch root (searchable by others, as the root is)."""
+    folder = tempfile.TemporaryDirectory(prefix=prefix, dir=scratch_root())
+    os.chmod(folder.name, 0o711)
+    return folder
 
 
 class Events:

@@ -6,10 +6,12 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 from . import catalogue, report, show, stubs
 from .config import PROFILES, KitConfig
+from harness import protections_here
+
+from .channel import scratch
 from .grade import common_failures, find_submissions, grade
 from .judging import InternalError, UsageError, env_for_tests, judge_once
 from .live import live
@@ -59,6 +61,11 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="grade: seconds per submission")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also show hypothesis's own output under each failure")
+    p.add_argument("--no-landlock", action="store_true",
+                   help="confine the ranks as on a kernel without Landlock (see what the fallback alone does)")
+    p.add_argument("--sealed", action="store_true",
+                   help="refuse to grade unless every protection is in force (Landlock, seccomp, the ranks' own "
+                        "uid when root, the file witness): a verdict a cheater cannot have forged")
     p.add_argument("--device-audit", action="store_true",
                    help="selfcheck: the reference also runs under the device audit (tensors on harness.device())")
     p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
@@ -69,7 +76,7 @@ def config_of(args, profile: str | None = None) -> KitConfig:
     """The run's configuration: the command line first, then the user's overrides (kit/config.py)."""
     base = KitConfig()
     return KitConfig(profile=profile or args.profile or base.profile, verbose=args.verbose,
-                     backend=args.backend or base.backend)
+                     backend=args.backend or base.backend, landlock=not args.no_landlock)
 
 
 def main(doc: str, argv=None) -> int:
@@ -98,6 +105,8 @@ def main(doc: str, argv=None) -> int:
 
 
 def _dispatch(problems, args) -> int:
+    if args.sealed:
+        _require_sealing(protections_here())
     if args.problem is None:
         return cmd_list(problems)
     if args.problem == "selfcheck":
@@ -118,6 +127,13 @@ def _dispatch(problems, args) -> int:
     if args.trace or args.show:
         return cmd_trace(problem, args)
     return cmd_judge(problem, args)
+
+
+def _require_sealing(protections: dict):
+    """--sealed: refuse to run where the ranks cannot be sealed in (before anything starts)."""
+    if not protections.get("sealed"):
+        raise UsageError("--sealed: this machine cannot seal the ranks in, so no verdict here could be trusted "
+                         "against a cheater; missing: " + "; ".join(protections.get("missing") or []))
 
 
 def _check_backend(chosen: list, config: KitConfig):
@@ -182,6 +198,9 @@ def cmd_judge(problem, args) -> int:
                              select=args.select, progress=bar if bar.enabled else None)
     if not verdict.tests:
         raise _no_tests(verdict, args)
+    if args.sealed and not verdict.protections.get("sealed"):
+        raise InternalError("--sealed: the ranks of this run were not sealed in: "
+                            + "; ".join(verdict.protections.get("missing") or ["no rank reported"]))
     if tests_root:
         target_args = target_args + ["--tests", tests_root]
     if args.format == "text" and not args.output:
@@ -265,7 +284,7 @@ def cmd_trace(problem, args) -> int:
     if tests_root:
         target_args = target_args + ["--tests", tests_root]
     con = report.console()
-    with tempfile.TemporaryDirectory(prefix="kit-trace-") as trace_dir:
+    with scratch("trace-") as trace_dir:
         with live(args, f"tracing {problem.number}") as bar:
             verdict = judge_once(problem, path, config_of(args, profile="quick"), tests_root=tests_root,
                                  seed=args.seed, select=args.select, trace_dir=trace_dir,

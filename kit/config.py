@@ -36,6 +36,7 @@ class KitConfig:
     target: str | None = field(default_factory=lambda: _environment("KIT_TARGET"))
     state_dir: str = field(default_factory=lambda: _environment("KIT_STATE_DIR", os.path.join(ROOT, ".kit")))
     world_size: int | None = None       # run only the examples whose worlds have this many ranks (gpucheck)
+    landlock: bool = True               # False: confine the ranks as on a kernel without Landlock (--no-landlock)
     rank_memory_gb: float | None = field(
         default_factory=lambda: float(_environment("KIT_RANK_MEMORY_GB")) if _environment("KIT_RANK_MEMORY_GB")
         else None)
@@ -61,4 +62,6 @@ class KitConfig:
             args += ["--kit-rank-memory-gb", str(self.rank_memory_gb)]
         if self.world_size is not None:
             args += ["--kit-world-size", str(self.world_size)]
+        if not self.landlock:
+            args.append("--kit-no-landlock")
         return args

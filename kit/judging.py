@@ -123,7 +123,7 @@ def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> Run:
     """
     events, lifeline = Events(progress), Lifeline()
     cmd = cmd + events.args() + lifeline.args(timeout + _GRACE)
-    with scratch("run-") as tmp:
+    with scratch("r") as tmp:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 pass_fds=(events.write_fd, lifeline.read_fd))

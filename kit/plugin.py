@@ -49,6 +49,8 @@ def pytest_addoption(parser):
     group.addoption("--kit-rank-memory-gb", type=float, default=None, help="each rank's resident-memory limit")
     group.addoption("--kit-world-size", type=int, default=None,
                     help="only examples whose worlds have this many ranks; the others are skipped (gpucheck)")
+    group.addoption("--kit-no-landlock", action="store_true",
+                    help="confine the ranks as on a kernel without Landlock: what the fallback alone does")
     group.addoption("--kit-device-audit", action="store_true",
                     help="rank code's tensors made without naming harness.device() land on meta and fail: "
                          "proves the code device-correct without a GPU")
@@ -71,7 +73,7 @@ def _config_from_options(config) -> KitConfig:
     env = KitConfig()   # the user's overrides, as defaults
     opt = config.getoption
     return KitConfig(profile=opt("--kit-profile") or env.profile, shrink=not opt("--kit-no-shrink"),
-                     world_size=opt("--kit-world-size"),
+                     world_size=opt("--kit-world-size"), landlock=not opt("--kit-no-landlock"),
                      verbose=bool(opt("--kit-verbose") or config.option.verbose > 0),
                      backend=opt("--kit-backend") or env.backend, target=opt("--target") or env.target,
                      state_dir=env.state_dir, rank_memory_gb=opt("--kit-rank-memory-gb") or env.rank_memory_gb)
@@ -143,6 +145,7 @@ def _problem_policy(request):
     audit = {"audit_devices": True} if request.config.getoption("--kit-device-audit") else {}   # else: the target's
     probes = [{"compute": harness.Compute, "flops": harness.Flops}[name]() for name in found.probes]
     with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit, probes=probes,
+                          hidden=session.hidden_from_ranks(), landlock=session.config.landlock,
                           stop_on_hang=True, backend=session.config.backend,
                           memory_gb=session.config.rank_memory_gb, on_trace=session.keep_trace,
                           world_sizes=None if session.config.world_size is None else (session.config.world_size,),

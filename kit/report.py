@@ -104,6 +104,8 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(Text(f"{p.number} · {p.display_title}", style="bold"))
         con.print(Text(f"target: {relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}"
                        f"   backend: {verdict.backend}", style="dim"))
+        line, line_style = protections_line(verdict.protections)
+        con.print(Text(line, style=line_style), soft_wrap=True)
         table = Table(show_edge=False, box=None, pad_edge=False)
         table.add_column("test", overflow="fold")
         table.add_column("points", justify="right")
@@ -135,12 +137,22 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(Text("All properties hold. Next: python judge.py", style="green"))
 
 
+def protections_line(protections: dict) -> tuple[str, str]:
+    """(text, style): whether the ranks were sealed in, and when not, what was missing and why."""
+    if not protections:
+        return "protections: unknown (no rank started)", "yellow"
+    if protections.get("sealed"):
+        shown = ", ".join(f"{m} {v}" for m, v in protections.items() if m not in ("sealed", "missing"))
+        return f"protections: sealed ({shown})", "dim"
+    return "protections: NOT SEALED: " + "; ".join(protections.get("missing") or ["unknown"]), "bold yellow"
+
+
 def as_json(verdict: Verdict) -> dict:
     return {
         "problem": verdict.problem.number, "title": verdict.problem.title, "target": verdict.target,
         "score": verdict.score, "max_score": verdict.max_score, "passed": verdict.all_passed,
         "seed": verdict.seed, "profile": verdict.profile, "backend": verdict.backend,
-        "execution_time": round(verdict.elapsed, 3),
+        "execution_time": round(verdict.elapsed, 3), "protections": verdict.protections,
         "tests": [{"name": t.name, "outcome": t.outcome, "score": t.points, "max_score": t.max_points,
                    "kind": t.kind, "message": t.message, "example": t.example,
                    "duration": round(t.duration, 3)} for t in verdict.tests],
@@ -161,9 +173,10 @@ def as_gradescope(verdict: Verdict, visibility: str = "visible") -> dict:
         tests.append({"name": t.name, "score": t.points, "max_score": t.max_points,
                       "status": "passed" if t.passed else "failed", "output": strip_paths(output),
                       "visibility": visibility})
+    sealed = protections_line(verdict.protections)[0]
     return {"score": verdict.score, "max_score": verdict.max_score, "execution_time": round(verdict.elapsed, 3),
-            "output": f"Problem {verdict.problem.number}: {verdict.problem.title}", "visibility": visibility,
-            "tests": tests}
+            "output": f"Problem {verdict.problem.number}: {verdict.problem.title}\n{strip_paths(sealed)}",
+            "visibility": visibility, "tests": tests, "extra_data": {"protections": verdict.protections}}
 
 
 def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, verbose: bool = False):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
-import tempfile
 
+from .channel import scratch
 from .catalogue import Problem
 from .config import KitConfig
 from .judging import UsageError, judge_once
@@ -53,7 +53,7 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
     shrinking, since only "it fails" matters here.  ``device_audit``: the reference runs under the
     device audit (see harness.devices), so it must also keep its tensors on ``harness.device()``.
     """
-    with tempfile.TemporaryDirectory(prefix="kit-selfcheck-") as tmp:
+    with scratch("selfcheck-") as tmp:
         stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
         targets = [{"id": "reference", "path": problem.solution_file(), "device_audit": device_audit}]
         if stub_path:

@@ -78,6 +78,27 @@ class KitSession:
             return problem.solution_file()
         return os.path.abspath(chosen) if chosen else problem.practice_file()
 
+    def hidden_from_ranks(self) -> tuple:
+        """What no rank may read: the kit's answers, its tests (and a hidden set's), its own sources and state.
+
+        A rank needs only the engine, the test helpers and Python: the file under test and the rank
+        functions travel to it by content.  The references stay readable when the code under test is one
+        of them or a known-wrong version beside one (it loads its reference): the kit judging itself.
+        """
+        kit_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        judged = [t["path"] for t in json.loads(self.pytest_config.getoption("--kit-targets") or "[]")]
+        chosen = self._chosen()
+        if chosen == "solution" or not judged and chosen is None:
+            judged.append(os.path.join(kit_root, "solutions", "x"))   # --solution, or the learner's own stub
+        elif chosen:
+            judged.append(os.path.abspath(chosen))
+        answers = os.path.join(kit_root, "solutions")
+        own = any(os.path.abspath(p).startswith(answers + os.sep) for p in judged)
+        hidden = ["practice", "tests", "kit", "judge.py", "problems.yaml", ".git", ".kit"] + ([] if own else ["solutions"])
+        hidden = [os.path.join(kit_root, h) for h in hidden] + [self.config.state_dir]
+        hidden += [str(p) for p in self.pytest_config.args if os.path.exists(p)]   # the test folders of this run
+        return tuple(p for p in hidden if os.path.exists(p))
+
     def target_args(self) -> list | None:
         """The judge.py arguments that select this session's target again (None: no single target)."""
         if self.pytest_config.getoption("--kit-targets"):

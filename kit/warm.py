@@ -27,7 +27,7 @@ class WarmTests:
 
     def _start(self):
         self.events, self.lifeline = Events(lambda event: self.progress and self.progress(event)), Lifeline()
-        self.tmp = scratch("watch-")
+        self.tmp = scratch("w")
         args = self.events.args() + self.lifeline.args(_LIFETIME)
         self.proc = subprocess.Popen([sys.executable, "-m", "kit.server", json.dumps(args)], cwd=ROOT,
                                      env=dict(self.env, TMPDIR=self.tmp.name), stdin=subprocess.PIPE,

@@ -74,7 +74,7 @@ _CACHES = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "trit
 # ---- the entry point -----------------------------------------------------------------------------
 
 def confine(private_dir: str, *, store_file: str | None = None, hidden=(), writable=(), readable=(),
-            gpu: bool = False, landlock: bool = True, ids: tuple | None = None) -> dict:
+            gpu: bool = False, landlock: bool = True, ids: tuple | None = None, ids_note: str = "") -> dict:
     """Confine this process (see the module docstring); returns what is in force, as plain data::
 
         {"landlock": "ABI 7" | "unavailable: <why>" | "off: <why>",
@@ -90,6 +90,7 @@ def confine(private_dir: str, *, store_file: str | None = None, hidden=(), writa
     gpu           NCCL needs /dev/nvidia* and /dev/shm, and Unix sockets between ranks
     landlock      False: leave Landlock out, as a kernel without it would (tests of the fallback)
     ids           (uid, gid, read_anything) to run as from now on (``identity.become``), or None to stay
+    ids_note      why there are no ids (shown in the state)
 
     In every case, points TMPDIR (and ``tempfile.tempdir``), TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
     TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME into ``private_dir``, so tempfile and torch.compile work.
@@ -100,7 +101,8 @@ def confine(private_dir: str, *, store_file: str | None = None, hidden=(), writa
     private_dir = os.path.realpath(private_dir)
     os.makedirs(private_dir, mode=0o700, exist_ok=True)
     _point_scratch_at(private_dir)
-    state = {"uid": "not needed: the ranks run as the judge's own uid" if ids is None else "unavailable"}
+    state = {"uid": "unavailable" if ids is not None else f"unavailable: {ids_note}" if os.geteuid() == 0
+             else f"not needed: {ids_note or 'the judge is not root'}"}
     if ids is not None:
         why = become(*ids)
         state["uid"] = f"rank uid {ids[0]}" if why is None else f"unavailable: {why}"

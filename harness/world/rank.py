@@ -99,7 +99,7 @@ def rank_main(setup: RankSetup, conn, record_conn):
     # Confined before gloo starts its threads: Landlock covers only the threads created after it.
     protections = confine(setup.tmp, store_file=setup.store, gpu=backend == "nccl",
                           writable=[setup.shared] if setup.shared else (), hidden=setup.sandbox.hidden,
-                          landlock=setup.sandbox.landlock, ids=setup.ids)
+                          landlock=setup.sandbox.landlock, ids=setup.ids, ids_note=setup.ids_note)
     # The file witness's filter, after confine (its checks read this rank's own identity) and before any
     # code under test; the first message on the pipe, even when there is none (see probes.files).
     mode = mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None)

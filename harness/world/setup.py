@@ -31,6 +31,7 @@ class RankSetup:
     shared: str | None = None  # a folder every rank of the world may read and write
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     ids: tuple | None = None  # (uid, gid, read_anything) the rank runs as (``identity``), or None: the judge's
+    ids_note: str = ""        # why the rank runs as the judge's uid, when it does
 
 
 def prepare_world(folder: str, world_size: int, backend: str, shared: str | None,
@@ -47,7 +48,7 @@ def prepare_world(folder: str, world_size: int, backend: str, shared: str | None
             identity.prepare_private(files["tmp"], ids.uids[r], ids.gid)
         setups.append(RankSetup(r, world_size, backend, store, shared=shared, sandbox=sandbox,
                                 ids=(ids.uids[r], ids.gid, ids.read_anything) if ids is not None else None,
-                                **files))
+                                ids_note=why, **files))
     if ids is not None:
         with open(store, "ab"):
             pass
