@@ -42,19 +42,17 @@ from itertools import compress
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from . import _torch
 from .record.recorder import active as _active_recorder
 
 # Bound once, at import: later patches of gc, weakref, torch.Tensor or torch.UntypedStorage change nothing here.
 _get_objects, _collect, _freeze_count, _unfreeze = gc.get_objects, gc.collect, gc.get_freeze_count, gc.unfreeze
 _weak_ref, _sleep = weakref.ref, time.sleep
 _Tensor, _UntypedStorage = torch.Tensor, torch.UntypedStorage
-_tensor_storage = torch._C.TensorBase.untyped_storage
-_tensor_grad = torch._C.TensorBase.grad.__get__
-_tensor_detach = torch._C.TensorBase.detach
-_storage_nbytes = torch._C.StorageBase.nbytes
-_storage_data_ptr = torch._C.StorageBase.data_ptr
-_storage_device = torch._C.StorageBase.device.__get__
-_no_torch_function = torch._C.DisableTorchFunctionSubclass
+_tensor_storage, _tensor_grad, _tensor_detach = _torch.tensor_storage, _torch.tensor_grad, _torch.tensor_detach
+_storage_nbytes, _storage_data_ptr, _storage_device = (_torch.storage_nbytes, _torch.storage_data_ptr,
+                                                       _torch.storage_device)
+_no_torch_function = _torch.DisableTorchFunctionSubclass
 
 
 @dataclass(frozen=True)

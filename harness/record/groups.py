@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import _torch
 from ..errors import TraceTampered
 
-_C10D = torch._C._distributed_c10d
 
 
 class GroupCounters:
@@ -36,7 +36,7 @@ class GroupCounters:
         """Every group still alive (destroyed ones are done with), each with its counter as the call starts."""
         groups = {key: g for key, g in self.groups.items() if g["end"] is None}
         if dist.is_initialized():
-            for pg in list(dist.distributed_c10d._world.pg_map):
+            for pg in _torch.process_groups():
                 groups.setdefault(id(pg), {"pg": pg, "start": 0, "end": None, "ranks": None})
         for g in groups.values():
             start = read_counter(g["pg"])
@@ -46,12 +46,12 @@ class GroupCounters:
     def retiring(self, group):
         """``destroy_process_group(group)`` is about to run: read the counters it takes away and check them."""
         if group is None or group is dist.group.WORLD:
-            pgs = [g["pg"] for g in self.groups.values()] + list(dist.distributed_c10d._world.pg_map)
+            pgs = [g["pg"] for g in self.groups.values()] + _torch.process_groups()
         else:
             pgs = [group]
         traced = self._traced()
         for pg in pgs:
-            if not isinstance(pg, _C10D.ProcessGroup):
+            if not isinstance(pg, _torch.ProcessGroup):
                 continue
             key = self.track(pg)
             g = self.groups[key]
@@ -107,7 +107,7 @@ def process_group(pg_script_object):
     """The ProcessGroup a c10d op's argument stands for (the default group when it cannot be read)."""
     try:
         if pg_script_object is not None:
-            return _C10D.ProcessGroup.unbox(pg_script_object)
+            return _torch.ProcessGroup.unbox(pg_script_object)
     except Exception:
         pass
     return dist.group.WORLD
@@ -116,11 +116,11 @@ def process_group(pg_script_object):
 def resolve_group(group_name):
     """The ProcessGroup a functional collective names (by name, or the group object itself)."""
     try:
-        if isinstance(group_name, _C10D.ProcessGroup):
+        if isinstance(group_name, _torch.ProcessGroup):
             return group_name
         if isinstance(group_name, torch.ScriptObject):
-            return _C10D.ProcessGroup.unbox(group_name)
-        return _C10D._resolve_process_group(group_name)
+            return _torch.ProcessGroup.unbox(group_name)
+        return _torch.resolve_process_group(group_name)
     except Exception:
         return dist.group.WORLD
 
@@ -154,7 +154,7 @@ def global_rank(group: list, local: int) -> int:
 def read_counter(pg) -> int | None:
     """The group's sequence counter: how many ops its backend has run (None: no backend to ask)."""
     try:
-        return pg._get_sequence_number_for_group()
+        return _torch.sequence_number(pg)
     except Exception:
         return None
 

@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from .. import _torch
 from .groups import GroupCounters
 from .kernels import backend_classes
 from .ops import BACKEND_METHODS, ComputeCounter
@@ -22,7 +23,6 @@ from ..errors import TraceTampered
 from ..memory import Held, SavedForBackward, Storages, live_storages, live_tensor_bytes, saved_for_backward
 from .policy import Policy
 
-_C10D = torch._C._distributed_c10d
 _FRONT_MODULE = __package__.rpartition(".")[0]   # harness
 # the tracer's own modules: every global in them is fixed once ``install`` has run
 _TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy")
@@ -44,8 +44,8 @@ def _memory_pieces() -> list:
     pieces += [(cls, n) for cls in (Storages, SavedForBackward, Held) for n in vars(cls) if not n.startswith("__")]
     hooks = torch.autograd.graph.saved_tensors_hooks
     pieces += [(hooks, "__enter__"), (hooks, "__exit__"),
-               (torch._C._autograd, "_push_saved_tensors_default_hooks"),
-               (torch._C._autograd, "_pop_saved_tensors_default_hooks")]
+               (_torch.autograd_c, "_push_saved_tensors_default_hooks"),
+               (_torch.autograd_c, "_pop_saved_tensors_default_hooks")]
     return pieces
 
 
@@ -68,21 +68,22 @@ def integrity_snapshot():
     variable, so replacing a method, a module attribute or a function's code
     object is caught after the call.
     """
-    c10d = dist.distributed_c10d
+    c10d, work, group = _torch.c10d, _torch.Work, _torch.ProcessGroup
     # Recorder's own methods and its group half's, looked up on Recorder: one replaced there shadows the original
     names = {Recorder: set(vars(Recorder)) | set(vars(GroupCounters))}
     pieces = [(cls, n) for cls in (Recorder, GroupCounters, Policy, ComputeCounter) for n in names.get(cls, vars(cls))
               if callable(getattr(cls, n)) and not n.startswith("__")]
     pieces += [(ComputeCounter, "__torch_dispatch__")]
-    pieces += [(_C10D.Work, "wait"), (_C10D.Work, "get_future"), (torch._C.Future, "wait"),
-               (_C10D.ProcessGroup, "monitored_barrier"), (_C10D.ProcessGroup, "__init__"),
+    pieces += [(work, "wait"), (work, "get_future"), (_torch.Future, "wait"),
+               (group, "monitored_barrier"), (group, "__init__"),
                (c10d, "_register_process_group"), (c10d, "destroy_process_group"), (dist, "destroy_process_group"),
-               (sys.modules["torch.distributed._functional_collectives"], "wait_tensor")]
-    modules = [sys.modules[f"{__package__}.{name}"] for name in _TRACER_MODULES]
+               (_torch.functional_collectives, "wait_tensor"), (_torch, "sequence_number"),
+               (_torch, "process_groups")]
+    modules = [sys.modules[f"{__package__}.{name}"] for name in _TRACER_MODULES] + [_torch]
     pieces += [(module, n) for module in modules for n in vars(module) if not n.startswith("__")]
     pieces += [(cls, n) for cls in backend_classes() for n in BACKEND_METHODS if n in vars(cls)]
     # what the op-count check reads: a Python stand-in for the C++ counter could say anything
-    pieces += [(cls, n) for cls in (_C10D.ProcessGroup, *backend_classes())
+    pieces += [(cls, n) for cls in (group, *backend_classes())
                for n in ("_get_sequence_number_for_group", "name") if n in vars(cls)]
     pieces += _memory_pieces() + _front_pieces()
     snapshot = [(owner, name, getattr(owner, name), getattr(getattr(owner, name), "__code__", None))

@@ -32,23 +32,22 @@ import functools
 import torch
 import torch.distributed as dist
 
+from .. import _torch
 from .groups import ranks_of
 from .ops import BACKEND_METHODS, FUNCTIONAL_KINDS, KINDS, tensors_in
 from .recorder import Recorder, activate, active
 from ..errors import ForbiddenOp
 
-_C10D = torch._C._distributed_c10d
 _LIBRARIES: list = []   # keeps the kernel registrations alive
-_FAKE_MODE = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
 
 
 def install(rank: int, flight_fd: int | None, shared_dir: str | None = None) -> Recorder:
     """Make this rank's recorder and patch every path to it.  Called once per rank."""
     recorder = activate(rank, flight_fd, shared_dir)
     _register_kernels()
-    _C10D.Work.wait = _timed(_C10D.Work.wait)
+    _torch.Work.wait = _timed(_torch.Work.wait)
     # code that waits on a Work's future (comm hooks, all_reduce_coalesced(async_op=True)) waits on its op too
-    original_get_future = _C10D.Work.get_future
+    original_get_future = _torch.Work.get_future
 
     def get_future(self, *args, **kwargs):
         future = original_get_future(self, *args, **kwargs)
@@ -56,7 +55,7 @@ def install(rank: int, flight_fd: int | None, shared_dir: str | None = None) -> 
             active().alias(self, future)
         return future
 
-    _C10D.Work.get_future, torch._C.Future.wait = get_future, _timed(torch._C.Future.wait)
+    _torch.Work.get_future, _torch.Future.wait = get_future, _timed(_torch.Future.wait)
     for cls in backend_classes():
         for name in BACKEND_METHODS:
             if hasattr(cls, name):
@@ -70,7 +69,7 @@ def install(rank: int, flight_fd: int | None, shared_dir: str | None = None) -> 
 
 def _sends_nothing(args) -> bool:
     """Fake or meta tensors (torch.compile tracing a graph, shape checks) run no communication."""
-    if _FAKE_MODE is not None and torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+    if _torch.fake_mode_active():
         return True
     return any(t.is_meta for t in tensors_in(list(args)))
 
@@ -98,13 +97,13 @@ def _kernel(op, issue: str, bind: str, below):
 
 def _traced_kernel(op):
     """In front of one c10d op, on the autograd keys: record it, then run it below autograd."""
-    return _kernel(op, "issue", "bind_work", torch._C._AutoDispatchBelowAutograd)
+    return _kernel(op, "issue", "bind_work", _torch.BelowAutograd)
 
 
 def _functional_kernel(op):
     """In front of one functional collective, on ADInplaceOrView: below the autograd formulas torch
     registers for it, above the c10d op it runs (which is then out of every kernel's sight)."""
-    return _kernel(op, "issue_functional", "bind_tensors", torch._C._AutoDispatchBelowADInplaceOrView)
+    return _kernel(op, "issue_functional", "bind_tensors", _torch.BelowADInplaceOrView)
 
 
 def _timed(original_wait):
@@ -122,7 +121,7 @@ def _timed(original_wait):
 def _wait_tensor_kernel(op):
     """``wait_tensor`` is how functional collectives are waited on: time it like ``Work.wait``."""
     def below_the_kernel(tensor):
-        with torch._C._AutoDispatchBelowADInplaceOrView():
+        with _torch.BelowADInplaceOrView():
             return op(tensor)
     return _timed(below_the_kernel)
 
@@ -155,7 +154,7 @@ def _register_kernels():
 def _time_functional_waits():
     """An AsyncCollectiveTensor waits on first use, from inside its __torch_dispatch__, where the
     dispatcher runs no kernel of ours: its waits all go through ``_functional_collectives.wait_tensor``."""
-    import torch.distributed._functional_collectives as funcol
+    funcol = _torch.functional_collectives
     funcol.wait_tensor = functools.wraps(funcol.wait_tensor)(_timed(funcol.wait_tensor))
 
 
@@ -166,8 +165,8 @@ def _follow_group_lifetimes():
     code builds itself still runs ProcessGroup.__init__.  Destroying a group takes its counter away,
     so destroy_process_group reads and checks it first.
     """
-    c10d = dist.distributed_c10d
-    original_register, original_init = c10d._register_process_group, _C10D.ProcessGroup.__init__
+    c10d = _torch.c10d
+    original_register, original_init = c10d._register_process_group, _torch.ProcessGroup.__init__
     original_destroy = c10d.destroy_process_group
 
     def _register_process_group(group_name, pg):
@@ -190,12 +189,12 @@ def _follow_group_lifetimes():
         return original_destroy(group)
 
     c10d._register_process_group = _register_process_group
-    _C10D.ProcessGroup.__init__ = __init__
+    _torch.ProcessGroup.__init__ = __init__
     c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
 
 
 def _record_monitored_barrier_in_python():
-    original_monitored_barrier = _C10D.ProcessGroup.monitored_barrier
+    original_monitored_barrier = _torch.ProcessGroup.monitored_barrier
 
     def monitored_barrier(self, *args, **kwargs):
         recorder = active()
@@ -206,13 +205,12 @@ def _record_monitored_barrier_in_python():
                              [], 0, None, None, False)
         return original_monitored_barrier(self, *args, **kwargs)
 
-    _C10D.ProcessGroup.monitored_barrier = monitored_barrier
+    _torch.ProcessGroup.monitored_barrier = monitored_barrier
 
 
 def backend_classes() -> list:
     """The c10d backend classes this torch has: their collective methods are refused (``install``)."""
-    names = ("Backend", "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI", "ProcessGroupUCC")
-    return [getattr(_C10D, n) for n in names if hasattr(_C10D, n)]
+    return _torch.backend_classes()
 
 
 

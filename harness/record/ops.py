@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from .._torch import TorchDispatchMode
 
 # c10d op name -> normalised kind
 KINDS = MappingProxyType({

@@ -17,8 +17,8 @@ import time
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
+from .. import _torch
 from .groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
 from .ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, ComputeCounter, functional_out_bytes, nbytes_of,
                    perturbed_copies, tensors_in, with_argument)
@@ -27,7 +27,6 @@ from .policy import Policy, ops_digest
 from ..trace import P2P_KINDS
 
 _FLIGHT_LOCK = threading.Lock()
-_C10D = torch._C._distributed_c10d
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _SKIP_DIRS = (_TORCH_DIR, ENGINE_DIR, os.path.dirname(threading.__file__))
 
@@ -82,10 +81,10 @@ class Recorder(GroupCounters):
         mode, self.compute_mode = self.compute_mode, None
         if mode is None:
             return
-        stack = _get_current_dispatch_mode_stack()
+        stack = _torch.dispatch_mode_stack()
         if mode in stack:
             for _ in range(len(stack) - 1 - stack.index(mode)):
-                _pop_mode()   # modes the code entered and never left: they sit above ours
+                _torch.pop_dispatch_mode()   # modes the code entered and never left: they sit above ours
             mode.__exit__(None, None, None)
 
     def now(self) -> float:
@@ -210,7 +209,7 @@ class Recorder(GroupCounters):
         work = out[1] if isinstance(out, tuple) else out
         if isinstance(work, torch.ScriptObject):
             try:
-                w = _C10D.Work.unbox(work)
+                w = _torch.Work.unbox(work)
             except Exception:
                 return
             self.works[id(w)] = (w, op)

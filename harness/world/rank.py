@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch._dynamo  # noqa: F401  (first optimizer construction imports it lazily: ~2 s per rank)
 
+from .. import _torch
 from ..record.integrity import integrity_snapshot   # (imports harness.memory: its accessors are bound before learner code)
 from ..record.kernels import install
 from .diagnose import ENGINE_DIR, short_path
@@ -131,7 +132,7 @@ def rank_main(setup: RankSetup, conn, record_conn):
                 "RuntimeError", "the code destroyed or replaced the default process group"
                 f"{cause}; the harness creates it and owns it: do not call init_process_group "
                 "or destroy_process_group in code run by harness.run", [])
-        elif len(dist.distributed_c10d._world.pg_map) > _MAX_GROUPS:
+        elif len(_torch.process_groups()) > _MAX_GROUPS:
             reply.retire = True   # calls left groups behind: retire this world rather than let them pile up
         try:
             data = reply.encode()
