@@ -20,6 +20,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+from . import standins
 from .errors import TargetError
 
 _LOADED: dict = {}
@@ -29,6 +30,7 @@ _LOADED: dict = {}
 class Target:
     path: str
     names: tuple = field(default=())   # the public names the problem requires
+    stand_ins: tuple = field(default=())   # torch's own implementations it may not use (``standins``)
     source: str | None = field(default=None, repr=False, compare=False)   # the file's text, once read
 
     def with_source(self) -> "Target":
@@ -72,7 +74,9 @@ class Target:
             module.__file__ = path
             sys.modules[name] = module
             linecache.cache[path] = (len(target.source), None, target.source.splitlines(True), path)
+            refused = standins.guard(self.stand_ins, path)
             exec(compile(target.source, path, "exec"), vars(module))
+            standins.check(module, refused)
             _LOADED[key] = module
         return module
 

@@ -10,7 +10,7 @@ CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
 _OPTIONAL = {"title_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
-             "max_world_size", "probes"}
+             "max_world_size", "probes", "stand_ins"}
 PROBES = ("compute", "flops")   # what every call of a problem's tests may measure (the plugin makes them)
 _DIFFICULTIES = ("easy", "medium", "hard")
 _OP_KINDS = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
@@ -40,6 +40,7 @@ class Problem:
     show: str = ""         # the test whose recorded drawing --show prints (record_property("drawing", text))
     max_world_size: int = 4   # the largest world its tests start: NCCL needs that many GPUs
     probes: tuple = ()        # what every call of its tests measures (PROBES): the calls look alike to the ranks
+    stand_ins: tuple = ()     # torch's own implementations of what the problem asks for (refused in the ranks)
 
     @property
     def folder(self) -> str:
@@ -121,7 +122,7 @@ def load(path: str = CATALOGUE) -> dict:
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
             hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")),
             show=str(entry.get("show", "")), max_world_size=entry.get("max_world_size", 4),
-            probes=tuple(entry.get("probes") or ()))
+            probes=tuple(entry.get("probes") or ()), stand_ins=tuple(entry.get("stand_ins") or ()))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):
             if os.path.dirname(path) == ROOT and not os.path.isfile(file):
                 raise CatalogueError(f"{where}: its {kind} {os.path.relpath(file, ROOT)} does not exist")

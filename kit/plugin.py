@@ -129,7 +129,7 @@ def target(request, problem):
     path = _session(request.config).target_path(problem, entry.get("path"))
     # selfcheck --device-audit: only the reference runs under the audit (a wrong version must fail for its bug)
     with harness.defaults(audit_devices=True) if entry.get("device_audit") else contextlib.nullcontext():
-        yield harness.Target(path, problem.names).validate()
+        yield harness.Target(path, problem.names, problem.stand_ins).validate()
 
 
 @pytest.fixture(autouse=True, scope="module")
