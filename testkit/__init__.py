@@ -5,6 +5,7 @@
     testkit.groups       member_group / contiguous_groups: process groups inside a rank function
     testkit.flat_shards  the flat, padded ZeRO / FSDP partition and the costs that follow from it
     testkit.siblings     import_siblings: a problem folder's own helper modules, by name, here and on the ranks
+    testkit.overlap      check_receives_overlap_compute: each receive waited on only after compute ran
 
 This is the layer between the engine and the problems: it imports only the engine's
 public API (``harness.<name>``, the names ``harness/__init__.py`` exports), never one of

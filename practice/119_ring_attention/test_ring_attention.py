@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 import harness
 from testkit import strategies as hs
 from testkit.groups import member_group
+from testkit.overlap import check_receives_overlap_compute
 
 F64 = dict(atol=1e-9, rtol=1e-7)
 LARGE_LOGIT = 300.0      # exp(300) overflows float32 (and float64 stays exact enough to compare with)
@@ -198,15 +199,7 @@ def test_forward_passes_kv_chunks_one_way_round_the_ring(target, case):
 @given(cases(min_world=2, causal=st.just(False)))
 def test_forward_computes_while_the_next_chunk_travels(target, case):
     _, trace = run(target, case, sequence(case))   # every call of 119 counts compute (problems.yaml: probes)
-    for rank in range(case["world_size"]):
-        for op in trace.ops(rank, "recv", phase="forward"):
-            harness.check(op.wait_start is not None,
-                          f"{describe(case)}: forward issued {op.describe()} and never waited on it", rank=rank)
-            harness.check(bool(op.compute_between),
-                          f"{describe(case)}: forward issued {op.describe()}, then waited for it with no attention "
-                          f"compute in between ({op.compute_between or 0} matmul/exp ops): post the next chunk's "
-                          "isend/irecv, compute the block you already hold, and only then wait, so that the chunk "
-                          "travels while the rank computes", rank=rank)
+    check_receives_overlap_compute(trace, range(case["world_size"]), "forward", describe(case), "chunk")
 
 
 @hs.fewer_examples(0.5)

@@ -3,9 +3,12 @@
 Learner code runs only on the ranks (``harness.run``; the pure functions on one rank).  The statement's
 rules (virtual stages, the canonical order, timing any schedule) live in ``virtual_stages.py`` beside this
 file and run here, in the test process, in exact fractions; what the real run sent comes from the
-harness's trace.  Each rank receives only its own chunks and what its role needs (``harness.per_rank``).
+harness's trace, and which activations it kept alive from ``harness.saved_for_backward`` around each chunk
+forward (``ActivationWatch``).  Each rank receives only its own chunks and what its role needs
+(``harness.per_rank``).
 """
 import contextlib
+import gc
 import math
 from fractions import Fraction
 
@@ -416,16 +419,53 @@ def _chunk(widths, weights, grads):
     return module
 
 
+class ActivationWatch:
+    """On a rank: at each chunk forward (once it has run) and each chunk backward (as it starts), which of the
+    rank's earlier forwards still have activations alive: tensors autograd saved in that forward, parameters
+    aside (``harness.saved_for_backward``).  ``events``: [kind, chunk, [alive forwards, numbered from 0]]."""
+
+    def __init__(self, chunks):
+        self.parameters = [q for chunk in chunks for q in chunk.parameters()]
+        self.forwards, self.events = [], []
+        for c, chunk in enumerate(chunks):
+            chunk.forward = self._watched(c, chunk.forward)   # the same module, every call recorded
+
+    def _watched(self, c, forward):
+        def watched(*args, **kwargs):
+            with harness.saved_for_backward() as saved:
+                out = forward(*args, **kwargs)
+            self.forwards.append(saved)
+            self._note("F", c)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda grad: self._note("B", c))   # runs as this chunk's backward starts
+            return out
+        return watched
+
+    def _alive(self):
+        return [f for f, saved in enumerate(self.forwards) if saved.storages(exclude=self.parameters)]
+
+    def _note(self, kind, c):
+        alive = self._alive()
+        in_flight = len(self.forwards) - sum(e[0] == "B" for e in self.events)
+        if len(alive) > in_flight:   # a graph in a fresh reference cycle is garbage, not held (a full collection
+            gc.collect(1)            # takes a third of a second with torch loaded: the young generations only)
+            alive = self._alive()
+        self.events.append([kind, c, alive])
+
+
 def _interleaved(target, mine, act_shape, pp):
-    """Runs on every rank: run_interleaved on this rank's chunks; with ``pp``, inside its pipeline's group."""
+    """Runs on every rank: run_interleaved on this rank's chunks, watched (``ActivationWatch``); with ``pp``,
+    inside its pipeline's group."""
     mod = target.load()
     chunks = [_chunk(*spec) for spec in mine["chunks"]]
+    watch = ActivationWatch(chunks)
     batches = mine["microbatches"] and [(_tensor(x), _tensor(y)) for x, y in mine["microbatches"]]
     groups = contiguous_groups(pp) if pp else contextlib.nullcontext((None, None, None))
     with groups as (group, _, _), harness.phase("interleaved"):
         loss = mod.run_interleaved(chunks, mine["schedule"], batches, act_shape, mse, group=group)
     return {"loss": loss.detach().clone() if isinstance(loss, torch.Tensor) else loss,
-            "grads": [[None if q.grad is None else q.grad.clone() for q in chunk.parameters()] for chunk in chunks]}
+            "grads": [[None if q.grad is None else q.grad.clone() for q in chunk.parameters()] for chunk in chunks],
+            "activations": watch.events}
 
 
 def run_on_ranks(target, case, world=None, pp=None):
@@ -480,6 +520,43 @@ def check_training(case, values, where):
 def test_run_matches_single_process(target, case):
     """The real run's loss and every chunk's gradients equal single-process training on the whole batch."""
     check_training(case, run_on_ranks(target, case).values, {g: (0, g) for g in range(case["p"])})
+
+
+def in_flight(ops, k):
+    """The forwards (numbered in list order) between their F and their B while the k-th op runs: a B's own
+    forward is still in flight, since its backward needs what that forward saved."""
+    where = {op: n for n, op in enumerate(ops)}
+    numbered = [op for op in ops if op[0] == "F"]
+    return {f for f, (_, i, c) in enumerate(numbered) if where[("F", i, c)] <= k <= where[("B", i, c)]}
+
+
+def chunk_calls(calls):
+    return " ".join(f"{kind}.{c}" for kind, c in calls)
+
+
+@hs.fewer_examples(0.6)
+@given(run_cases())
+def test_activations_are_freed_by_their_backward(target, case):
+    """At every chunk forward and backward of the real run, a rank holds activations (what autograd saved in its
+    chunks' forwards) only of the forwards its op list has in flight there, so never more than peak(r)."""
+    for r, out in enumerate(run_on_ranks(target, case).values):
+        ops, events = case["schedule"][r], out["activations"]
+        calls, listed = [(kind, c) for kind, c, _ in events], [(kind, c) for kind, _, c in ops]
+        harness.check(calls == listed, f"{describe(case)}: rank {r}'s chunks ran forward (F) and backward (B), "
+                                       f"as kind.chunk: {chunk_calls(calls)}; its op list asks for "
+                                       f"{chunk_calls(listed)}: one chunk forward per F, one backward per B, in "
+                                       "list order", rank=r)
+        forwards, most = [op for op in ops if op[0] == "F"], max((len(e[2]) for e in events), default=0)
+        for k, (op, (_, _, alive)) in enumerate(zip(ops, events)):
+            allowed = in_flight(ops, k)
+            stale = [forwards[f] for f in alive if f not in allowed]
+            harness.check(not stale, f"{describe(case)}: rank {r}, at its op {k} {op}: the activations of "
+                                     f"{', '.join(map(repr, stale))} (tensors autograd saved in the chunk forward) are "
+                                     f"still alive after the backward; the rank holds {len(alive)} forwards' "
+                                     f"activations where its op list has {len(allowed)} in flight (up to {most} at "
+                                     f"once in the whole run, against peak(r) = {peak_in_flight(ops)}). A rank "
+                                     "holds a chunk's activations from its F to its B: let go of what an F kept once "
+                                     "its B has run, and backward without retain_graph", rank=r)
 
 
 def expected_messages(r, p, v, ops):

@@ -14,6 +14,7 @@ import harness
 from contiguous_ring import contiguous_causal_attention
 from testkit import strategies as hs
 from testkit.groups import member_group
+from testkit.overlap import check_receives_overlap_compute
 
 TIGHT = dict(atol=1e-9, rtol=1e-7)
 LARGE_LOGIT = 300.0      # exp(300) is inf in float32
@@ -221,6 +222,15 @@ def test_kv_shards_move_one_hop_at_a_time(target, case):
             harness.check(count == 2 * hops, f"{describe(case)}: forward issued {count} {kind}s; each of the "
                           f"N-1 = {hops} hops moves one K shard and one V shard ({2 * shard_bytes} B), so "
                           f"{2 * hops}", rank=rank)
+
+
+@hs.fewer_examples(0.5)
+@given(cases(min_world=2))
+def test_forward_computes_while_the_next_shard_travels(target, case):
+    """Every forward receive has attention compute (matmul, exp) between its posting and the wait for it."""
+    trace = harness.run(_attend, case["world"], target,   # every call of 123 counts compute (problems.yaml: probes)
+                        shard_inputs(case, sequence(case)[:3], range(case["world"]))).trace
+    check_receives_overlap_compute(trace, range(case["world"]), "forward", describe(case), "K/V shard")
 
 
 @hs.fewer_examples(0.1)    # two scans of every live object on each rank: the slowest probe here

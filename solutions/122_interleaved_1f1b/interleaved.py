@@ -126,10 +126,21 @@ class _Ring:
             work.wait()
 
 
-def _run(chunks, ops, microbatches, loss_fn, ring, r, p):
+class _Kept(dict):
+    """What each F keeps for its B: (micro-batch, chunk) -> (input, output)."""
+
+    def backward(self, key, grad=None):
+        """B: backward from the output ``key``'s F kept, and let go of it, so that autograd frees the
+        activations that forward saved as the backward runs.  Returns the F's input (its .grad goes back)."""
+        x, out = self.pop(key)
+        out.backward(grad)
+        return x
+
+
+def _run(chunks, ops, microbatches, loss_fn, ring, r, p, kept=None):
     v, last = len(chunks), p * len(chunks) - 1
     m = sum(op[0] == "F" for op in ops) // v
-    kept, total = {}, 0.0
+    kept, total = _Kept() if kept is None else kept, 0.0
     for kind, i, c in ops:
         s = r + c * p
         if kind == "F":
@@ -142,11 +153,7 @@ def _run(chunks, ops, microbatches, loss_fn, ring, r, p):
                 ring.send(out, ring.next)
             kept[(i, c)] = (x, out)
         else:
-            x, out = kept.pop((i, c))
-            if s == last:
-                out.backward()
-            else:
-                out.backward(ring.recv(ring.next))
+            x = kept.backward((i, c), None if s == last else ring.recv(ring.next))
             if s > 0:
                 ring.send(x.grad, ring.prev)
     ring.close()
