@@ -60,7 +60,7 @@ _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _NR_AT, _ARCH_AT, _ARG0_AT = 0, 4, 16
 
 
-def _program(deny: list, unix_sockets: bool) -> list:
+def _program(deny: list, unix_sockets: bool, lock_prctl: bool) -> list:
     """The filter, as (code, jt, jf, k) instructions: each rule is a block that returns EPERM (ENOSYS for
     clone3) when it matches and falls through to the next block otherwise."""
     arch = machine()
@@ -82,20 +82,21 @@ def _program(deny: list, unix_sockets: bool) -> list:
 
     prog += on_arg0("clone", _JSET, _CLONE_NEW, errno.EPERM)
     prog += [(_LD_W_ABS, 0, 0, _NR_AT), (_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
-    prog += on_arg0("prctl", _JEQ, _PR_SET_PDEATHSIG, errno.EPERM) + on_arg0("prctl", _JEQ, _PR_SET_DUMPABLE, errno.EPERM)
+    if lock_prctl:
+        prog += on_arg0("prctl", _JEQ, _PR_SET_PDEATHSIG, errno.EPERM) + on_arg0("prctl", _JEQ, _PR_SET_DUMPABLE, errno.EPERM)
     if not unix_sockets:
         prog += on_arg0("socket", _JEQ, _AF_UNIX, errno.EPERM) + on_arg0("socketpair", _JEQ, _AF_UNIX, errno.EPERM)
     prog.append((_RET, 0, 0, _ALLOW))
     return prog
 
 
-def restrict(unix_sockets: bool = False) -> str | None:
-    """Apply the rank filter (IPC, ESCAPE, the locked prctls, and AF_UNIX unless ``unix_sockets``) to this
-    process and its future threads and children.  None on success, else why not.  Needs no privilege:
-    it sets PR_SET_NO_NEW_PRIVS itself."""
+def restrict(unix_sockets: bool = False, lock_prctl: bool = True) -> str | None:
+    """Apply the filter (IPC, ESCAPE, the locked prctls unless not ``lock_prctl``, and AF_UNIX unless
+    ``unix_sockets``) to this process and its future threads and children.  None on success, else why not.
+    Needs no privilege: it sets PR_SET_NO_NEW_PRIVS itself."""
     if machine() not in _SECCOMP:
         return f"no seccomp table for {platform.machine()}"
-    prog = _program(list(IPC + ESCAPE), unix_sockets)
+    prog = _program(list(IPC + ESCAPE), unix_sockets, lock_prctl)
     filt = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(filt, len(filt))
     fprog = ctypes.create_string_buffer(struct.pack("=HxxxxxxQ", len(prog), ctypes.addressof(buf)), 16)

@@ -8,7 +8,8 @@ import multiprocessing as mp
 from multiprocessing import forkserver, popen_forkserver, spawn
 
 CONTEXT = mp.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["harness.world.rank"])
+# the forkserver confines itself before anything else (sandbox.forkserver), then preloads torch
+CONTEXT.set_forkserver_preload(["harness.sandbox.forkserver", "harness.world.rank"])
 
 
 def prestart():
