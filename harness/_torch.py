@@ -15,6 +15,9 @@ import torch.distributed._functional_collectives as functional_collectives  # no
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (the compute counter's base)
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as dispatch_mode_stack  # noqa: F401
 from torch.utils._python_dispatch import _pop_mode as pop_dispatch_mode  # noqa: F401
+from torch.overrides import _get_current_function_mode_stack as function_mode_stack  # noqa: F401
+
+pop_function_mode = torch._C._pop_torch_function_stack   # the innermost TorchFunctionMode, whatever it is
 
 C10D = torch._C._distributed_c10d            # Work, ProcessGroup, the backend classes, _resolve_process_group
 Work, ProcessGroup, Future = C10D.Work, C10D.ProcessGroup, torch._C.Future

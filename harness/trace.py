@@ -37,10 +37,12 @@ class CommOp:
     wait_end: float | None = None
     blocking: bool | None = None      # True when that wait ran inside the statement that issued it
     splits: tuple | None = None       # (output_split_sizes, input_split_sizes) for all_to_all
-    # compute ops (matmul family, fused attention, softmax, exp: ``_ops.COMPUTE_OPS``) this rank ran
-    # between issuing the op and starting to wait on it; None unless the call asked for
-    # ``record_compute``, or when it was never waited on.  A wait in the issuing statement gives 0.
+    # compute calls (matmul family, fused attention, softmax, exp: ``record.compute``) this rank ran
+    # between issuing the op and starting to wait on it; None unless the call counts compute
+    # (``probes.Compute``), or when it was never waited on.  A wait in the issuing statement gives 0.
     compute_between: int | None = None
+    # of those, the ones a backward pass later went through: work the result depended on (None: no backward)
+    compute_used: int | None = None
     perturbed: bool = False           # this send carried a perturbed copy of its tensor (``perturb=``)
 
     @property

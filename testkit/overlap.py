@@ -1,11 +1,13 @@
 """Communication overlapped with compute, read from the trace of a call that counts compute (``harness.Compute``).
 
     check_receives_overlap_compute(trace, ranks, phase, call, travelling)
-        every receive a phase issued was waited on, with compute ops run between its posting and that wait
+        every receive a phase issued was waited on, with compute the result needed run between its posting
+        and that wait
 
 Ring attention posts the next K/V hop, computes with what it holds, and only then waits (problems 119, 123).
-The harness counts the compute ops (matmul, exp, softmax, fused attention) each rank ran between issuing an op
-and starting to wait on it (``CommOp.compute_between``); a wait in the statement that posted it counts 0.
+The harness counts the compute calls (matmul, exp, softmax, fused attention) each rank ran between issuing an
+op and starting to wait on it, and of those the ones whose results the call's returned values came from
+(``CommOp.compute_used``): a dummy op there, a sleep, or work on data no output depends on counts nothing.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ def check_receives_overlap_compute(trace, ranks, phase: str, call: str, travelli
         for op in trace.ops(rank, "recv", phase=phase):
             harness.check(op.wait_start is not None, f"{call}: {phase} issued {op.describe()} and never waited on it",
                           rank=rank)
-            harness.check(bool(op.compute_between),
+            assert op.compute_used is not None, "the overlap check needs a call that counts compute (harness.Compute)"
+            harness.check(op.compute_used > 0,
                           f"{call}: {phase} issued {op.describe()}, then waited for it with no attention compute in "
-                          f"between ({op.compute_between or 0} matmul/exp ops): post the next {travelling}'s "
+                          f"between that the result needed ({op.compute_between or 0} matmul/exp calls ran, "
+                          f"{op.compute_used} of them used by the output): post the next {travelling}'s "
                           f"isend/irecv, compute with the {travelling} you already hold, and only then wait, so "
                           f"that the next {travelling} travels while the rank computes", rank=rank)

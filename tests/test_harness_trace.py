@@ -1,4 +1,6 @@
 """The trace the harness records inside the ranks: every field a problem's tests assert on."""
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -192,6 +194,37 @@ def ring_attention_step(overlap: bool):
         for work in works:
             work.wait()
     return out.shape[0]
+
+
+def ring_attention_step_returning(in_flight: str):
+    """The step, returning its output.  ``in_flight``: what runs while the block travels -- "attention" (the
+    real work), "dummy" (an exp of a tensor no output uses), "under no_grad" (the real work, as a custom
+    autograd Function's forward does it) or "nothing"."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    q, k, v = (torch.randn(4, 8) for _ in range(3))
+    next_k = torch.empty(4, 8)
+    works = [dist.isend(k, (rank + 1) % n), dist.irecv(next_k, (rank - 1) % n)]
+    if in_flight == "dummy":
+        torch.exp(q).sum()                                   # work on data no output depends on
+    if in_flight in ("attention", "under no_grad"):
+        with torch.no_grad() if in_flight == "under no_grad" else contextlib.nullcontext():
+            out = torch.softmax(q @ k.T / 8 ** 0.5, dim=-1) @ v
+    for work in works:
+        work.wait()
+    if in_flight in ("dummy", "nothing"):
+        out = torch.softmax(q @ k.T / 8 ** 0.5, dim=-1) @ v
+    result = torch.zeros(4, 8)
+    result[:, :] = out                                       # written in place: the provenance follows
+    return result
+
+
+@pytest.mark.parametrize("in_flight, between, used", [("attention", 3, 3), ("under no_grad", 3, 3), ("dummy", 1, 0),
+                                                      ("nothing", 0, 0)])
+def test_compute_used_counts_only_in_flight_work_the_result_needed(in_flight, between, used):
+    trace = harness.run(ring_attention_step_returning, 2, in_flight, probes=[harness.Compute()], timeout=30).trace
+    for rank in range(2):
+        recv = trace.ops(rank, "recv")[0]
+        assert (recv.compute_between, recv.compute_used) == (between, used), recv
 
 
 def test_compute_between_counts_what_a_rank_computes_while_its_messages_are_in_flight():

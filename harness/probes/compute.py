@@ -1,8 +1,10 @@
-"""``Compute``: the compute ops each rank ran between issuing a communication op and waiting on it.
+"""``Compute``: the compute each rank ran between issuing a communication op and waiting on it.
 
-Fills ``CommOp.compute_between`` (``record.ops.COMPUTE_OPS``: the matmul family, fused attention,
-softmax, exp).  It puts every aten op through a Python dispatch mode, so it slows the call; give it to
-a whole block (``harness.defaults(probes=[Compute()])``) so no call of the block looks different.
+Fills ``CommOp.compute_between`` (compute calls in flight: the matmul family, fused attention, softmax,
+exp) and ``CommOp.compute_used`` (those a backward pass later went through: work the result needed; see
+``record.compute``).  It puts every torch call of the rank through a Python function mode, so it slows
+the call a little; give it to a whole block (``harness.defaults(probes=[Compute()])``, or problems.yaml's
+``probes:``) so no call of the block looks different to the ranks.
 """
 from __future__ import annotations
 
@@ -13,11 +15,7 @@ class _CountCompute(RankPart):
     name = "compute"
 
     def enter(self, recorder):
-        self.recorder = recorder
-        recorder.count_compute()
-
-    def exit(self):
-        self.recorder.finish()   # leaves the counting mode (modes entered after it first)
+        recorder.count_compute()   # (the recorder leaves the mode when the call ends: ``Recorder.finish``)
 
 
 class Compute(Probe):

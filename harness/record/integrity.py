@@ -17,7 +17,8 @@ import torch.distributed as dist
 from .. import _torch
 from .groups import GroupCounters
 from .kernels import backend_classes
-from .ops import BACKEND_METHODS, ComputeCounter
+from .compute import ComputeWatch
+from .ops import BACKEND_METHODS
 from .recorder import Recorder, active, phase
 from ..errors import TraceTampered
 from ..memory import Held, SavedForBackward, Storages, live_storages, live_tensor_bytes, saved_for_backward
@@ -25,7 +26,7 @@ from .policy import Policy
 
 _FRONT_MODULE = __package__.rpartition(".")[0]   # harness
 # the tracer's own modules: every global in them is fixed once ``install`` has run
-_TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy")
+_TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy", "compute")
 # what the package front hands out for these names (it resolves them lazily; pinned here at once)
 _FRONT = {"phase": phase, "live_tensor_bytes": live_tensor_bytes, "live_storages": live_storages,
           "saved_for_backward": saved_for_backward}
@@ -71,9 +72,9 @@ def integrity_snapshot():
     c10d, work, group = _torch.c10d, _torch.Work, _torch.ProcessGroup
     # Recorder's own methods and its group half's, looked up on Recorder: one replaced there shadows the original
     names = {Recorder: set(vars(Recorder)) | set(vars(GroupCounters))}
-    pieces = [(cls, n) for cls in (Recorder, GroupCounters, Policy, ComputeCounter) for n in names.get(cls, vars(cls))
+    pieces = [(cls, n) for cls in (Recorder, GroupCounters, Policy, ComputeWatch) for n in names.get(cls, vars(cls))
               if callable(getattr(cls, n)) and not n.startswith("__")]
-    pieces += [(ComputeCounter, "__torch_dispatch__")]
+    pieces += [(ComputeWatch, "__torch_function__")]
     pieces += [(work, "wait"), (work, "get_future"), (_torch.Future, "wait"),
                (group, "monitored_barrier"), (group, "__init__"),
                (c10d, "_register_process_group"), (c10d, "destroy_process_group"), (dist, "destroy_process_group"),

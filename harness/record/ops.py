@@ -2,16 +2,14 @@
 
 Which dispatcher ops carry communication and under which normalised kind (``KINDS``,
 ``FUNCTIONAL_KINDS``), where in an op's arguments this rank's input and output tensors sit
-(``IN_ARG`` / ``OUT_ARG``), how many bytes an op moves, how ``perturb`` changes what a send carries,
-and which aten ops count as compute for ``CommOp.compute_between`` (``ComputeCounter``).  Pure
-tables and functions: the recorder (``_recorder``) and the kernels (``_kernels``) read them.
+(``IN_ARG`` / ``OUT_ARG``), how many bytes an op moves, and how ``perturb`` changes what a send carries.  Pure
+tables and functions: the recorder and the kernels read them.
 """
 from __future__ import annotations
 
 from types import MappingProxyType
 
 import torch
-from .._torch import TorchDispatchMode
 
 # c10d op name -> normalised kind
 KINDS = MappingProxyType({
@@ -55,20 +53,6 @@ FUNCTIONAL_KINDS = MappingProxyType({
     "_dtensor": MappingProxyType({"shard_dim_alltoall": "all_to_all"}),
 })
 
-# What counts as compute for ``CommOp.compute_between``: the matmul family, which is where attention,
-# MLPs and linear layers spend their time once matmul / einsum / linear are lowered to aten (mm, bmm,
-# addmm, baddbmm ...), torch's fused attention kernels, and softmax / exp (ring attention's other
-# step).  Element-wise arithmetic and copies do not count: an overlap property asks whether real work
-# ran while a message was in flight, and a copy into a send buffer is not that.
-COMPUTE_OPS = (
-    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    "_softmax", "_log_softmax", "exp",
-)
-COMPUTE_PACKETS = frozenset(getattr(torch.ops.aten, name) for name in COMPUTE_OPS
-                             if hasattr(torch.ops.aten, name))
-
 BACKEND_METHODS = (
     "allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base",
     "allgather_coalesced", "reduce_scatter", "_reduce_scatter_base", "alltoall",
@@ -87,20 +71,6 @@ def tensors_in(x):
 
 def nbytes_of(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class ComputeCounter(TorchDispatchMode):
-    """Counts compute ops (``COMPUTE_OPS``) as this thread runs them.  Entered only for a call whose
-    policy asks for it: a dispatch mode puts every aten op through Python."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "overloadpacket", None) in COMPUTE_PACKETS:   # (higher-order ops have none)
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def functional_out_bytes(kind: str, bound: dict, ins: list, group_size: int) -> int:

@@ -20,7 +20,8 @@ import torch
 
 from .. import _torch
 from .groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
-from .ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, ComputeCounter, functional_out_bytes, nbytes_of,
+from .compute import ComputeWatch
+from .ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, functional_out_bytes, nbytes_of,
                    perturbed_copies, tensors_in, with_argument)
 from ..world.diagnose import ENGINE_DIR, short_path
 from .policy import Policy, ops_digest
@@ -49,7 +50,7 @@ class Recorder(GroupCounters):
         # id(ProcessGroup) -> {"pg", "start", "end", "ranks"}: every group this rank knows of, held so
         # that its counter stays readable even after the code drops or destroys it
         self.groups: dict[int, dict] = {}
-        self.compute_mode: ComputeCounter | None = None
+        self.compute: ComputeWatch | None = None
         self.reset()
 
     def reset(self, policy: Policy | None = None):
@@ -68,24 +69,32 @@ class Recorder(GroupCounters):
         self.groups = self._groups_at_start()
 
     def count_compute(self):
-        """Count compute ops from now until the call ends (``probes.Compute``): fills ``compute_between``."""
-        self.compute_mode = ComputeCounter()
-        self.compute_mode.__enter__()
+        """Watch compute from now until the call ends (``probes.Compute``): fills ``compute_between`` and
+        ``compute_used`` (see ``compute``)."""
+        self.compute = ComputeWatch()
+        self.compute.__enter__()
 
     def perturb_send(self, nth: int):
         """This call's ``nth`` point-to-point send (from 0) carries a changed copy (``probes.Perturb``)."""
         self.perturb_at = nth
 
-    def finish(self):
-        """The call is over: stop counting compute ops.  Safe to call twice."""
-        mode, self.compute_mode = self.compute_mode, None
-        if mode is None:
+    def finish(self, result=None, returned: bool = False):
+        """The call is over: stop watching compute and, when the rank function ``returned`` ``result``, stream
+        how much of each op's in-flight compute that result needed (``compute_used``).  Safe to call twice."""
+        watch, self.compute = self.compute, None
+        if watch is None:
             return
-        stack = _torch.dispatch_mode_stack()
-        if mode in stack:
-            for _ in range(len(stack) - 1 - stack.index(mode)):
-                _torch.pop_dispatch_mode()   # modes the code entered and never left: they sit above ours
-            mode.__exit__(None, None, None)
+        stack = _torch.function_mode_stack()
+        if watch in stack:
+            for _ in range(len(stack) - 1 - stack.index(watch)):
+                _torch.pop_function_mode()   # modes the code entered and never left: they sit above ours
+            watch.__exit__(None, None, None)
+        needed = watch.needed_by(result) if returned else None
+        for op in self.ops:
+            if needed is not None and op.get("_compute_at_wait") is not None:
+                first, last = op["_compute_at_issue"], op["_compute_at_wait"]
+                op["compute_used"] = sum(1 for n in needed if first < n <= last)
+                self.flight(ev="used", i=op["index"], op=self.exported(op))
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -181,12 +190,12 @@ class Recorder(GroupCounters):
             "phase": phase["name"] if phase else None, "step": phase["step"] if phase else None,
             "site": site, "issued_at": self.now(),
             "wait_start": None, "wait_end": None, "blocking": None,
-            "compute_between": None, "perturbed": perturbed,
+            "compute_between": None, "compute_used": None, "perturbed": perturbed,
             # rank-local bookkeeping (never leaves the rank): where it was issued, the group it ran on,
             # and the compute count at issue
             "_frame": (id(frame), frame.f_lasti) if frame is not None else None,
             "_pg": self.track(pg),
-            "_compute_at_issue": self.compute_mode.count if self.compute_mode is not None else None,
+            "_compute_at_issue": self.compute.count if self.compute is not None else None,
         }
         self.ops.append(op)
         self.flight(ev="issue", i=op["index"], op=self.exported(op))
@@ -242,8 +251,9 @@ class Recorder(GroupCounters):
         op["blocking"] = op["_frame"] is not None and frame is not None and \
             (id(frame), frame.f_lasti) == op["_frame"]
         op["wait_start"] = self.now()
-        if self.compute_mode is not None and op["_compute_at_issue"] is not None:
-            op["compute_between"] = self.compute_mode.count - op["_compute_at_issue"]
+        if self.compute is not None and op["_compute_at_issue"] is not None:
+            op["_compute_at_wait"] = self.compute.count
+            op["compute_between"] = self.compute.count - op["_compute_at_issue"]
         self.flight(ev="wait", i=op["index"], op=self.exported(op))
         return op
 

@@ -163,12 +163,14 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
         args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)
         for part in policy.rank_parts:
             part.enter(recorder)
+        returned = False
         try:
             with made_without_a_device_land_on(policy.default_device):
                 reply.value = functions[fn_key](*args, **kwargs)
+            returned = True
         finally:
             reply.probes = {part.name: part.exit() for part in reversed(policy.rank_parts)}
-            recorder.finish()
+            recorder.finish(reply.value, returned)
         if recorder.policy.refused:  # a ForbiddenOp that the code caught and swallowed
             raise ForbiddenOp(recorder.policy.refused)
         verify_tracer()

@@ -18,7 +18,8 @@ from ..errors import ForbiddenOp, TraceTampered
 from ..record.policy import Policy, ops_digest
 from ..trace import CommOp, PhaseSpan, Trace
 
-_WAIT_FIELDS = ("wait_start", "wait_end", "blocking", "compute_between")   # all that a wait may add to a record
+# all that a wait (or, at the call's end, what the in-flight work was used for) may add to a record
+_WAIT_FIELDS = ("wait_start", "wait_end", "blocking", "compute_between", "compute_used")
 _OP_FIELDS = {f.name for f in dataclasses.fields(CommOp)}
 
 
@@ -75,7 +76,7 @@ class RecordStream:
         ops: dict[int, dict] = {}
         last: dict[int, dict] = {}
         for ev in self.raw_events():
-            if ev.get("ev") in ("issue", "wait", "done") and isinstance(ev.get("op"), dict):
+            if ev.get("ev") in ("issue", "wait", "done", "used") and isinstance(ev.get("op"), dict):
                 i = ev.get("i")
                 if ev["ev"] == "issue":
                     ops[i] = _normalised_op(ev["op"], rank)
