@@ -42,7 +42,7 @@ _EXPORTS = {
     "per_rank": "inputs", "PerRank": "inputs",
     "defaults": "config", "RunDefaults": "config",
     "prestart": "world.boot",
-    "phase": "record.recorder",
+    "phase": "record.phases",
     "device": "devices", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",

@@ -19,14 +19,15 @@ from .groups import GroupCounters
 from .kernels import backend_classes
 from .compute import ComputeWatch
 from .ops import BACKEND_METHODS
-from .recorder import Recorder, active, phase
+from .phases import phase
+from .recorder import Recorder, active
 from ..errors import TraceTampered
 from ..memory import Held, SavedForBackward, Storages, live_storages, live_tensor_bytes, saved_for_backward
 from .policy import Policy
 
 _FRONT_MODULE = __package__.rpartition(".")[0]   # harness
 # the tracer's own modules: every global in them is fixed once ``install`` has run
-_TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy", "compute")
+_TRACER_MODULES = ("ops", "groups", "recorder", "kernels", "integrity", "policy", "compute", "phases")
 # what the package front hands out for these names (it resolves them lazily; pinned here at once)
 _FRONT = {"phase": phase, "live_tensor_bytes": live_tensor_bytes, "live_storages": live_storages,
           "saved_for_backward": saved_for_backward}

@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -285,25 +284,3 @@ def activate(rank: int, flight_fd: int | None, shared_dir: str | None = None) ->
     global _RECORDER
     _RECORDER = Recorder(rank, flight_fd, shared_dir)
     return _RECORDER
-
-
-@contextmanager
-def phase(name: str, step: int | None = None):
-    """Mark a region of a rank function, e.g. ``with phase("backward", step=k): loss.backward()``.
-
-    Every op issued inside carries the innermost phase's name and step.
-    """
-    if _RECORDER is None:
-        yield
-        return
-    span = {"rank": _RECORDER.rank, "name": name, "step": step, "start": _RECORDER.now(), "end": None}
-    _RECORDER.phases.append(span)
-    _RECORDER.phase_stack.append(span)
-    index = len(_RECORDER.phases) - 1
-    _RECORDER.flight(ev="phase", k=index, span=dict(span))
-    try:
-        yield
-    finally:
-        _RECORDER.phase_stack.remove(span)
-        span["end"] = _RECORDER.now()
-        _RECORDER.flight(ev="phase", k=index, span=dict(span))
