@@ -1,0 +1,1 @@
+"""Measurements and faults of a call, each a probe on one seam: ``harness.run(fn, n, ..., probes=[...])``."""
