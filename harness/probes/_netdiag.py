@@ -180,12 +180,12 @@ def dump_all(states: int = ALL_STATES, udp: bool = True) -> list[Sock]:
 class DestroyWatch:
     """The kernel's notice of every TCP and UDP socket it destroys, with its last counters.
 
-    A dump between two calls cannot see a connection that closed before the second dump (a group
-    destroyed mid-call) or one that opened and closed inside a call: these notices can.  They need
-    CAP_NET_ADMIN (``PermissionError`` otherwise), cover every process in the network namespace, carry
-    no inode (the socket has left its process by then) but keep the cookie and the owner uid, and
-    queue in this socket's buffer until ``drain`` reads them.  A full buffer drops notices: ``drain``
-    then sets ``lost``.
+    A dump cannot see a connection that closed since the last one (a group destroyed mid-call, a side
+    channel closed after use): these notices give its last counters.  They need CAP_NET_ADMIN
+    (``PermissionError`` otherwise), cover every process in the network namespace, carry the 4-tuple
+    and the cookie but no uid and no inode (measured on 6.18: the socket has left its process by
+    then), and queue in this socket's buffer until ``drain`` reads them.  A full buffer drops notices:
+    ``drain`` then sets ``lost``.
     """
 
     GROUPS = (SKNLGRP_INET_TCP_DESTROY, SKNLGRP_INET6_TCP_DESTROY, SKNLGRP_INET_UDP_DESTROY, SKNLGRP_INET6_UDP_DESTROY)
@@ -202,9 +202,9 @@ class DestroyWatch:
             raise
         self.lost = False
 
-    def drain(self, wanted=lambda uid, cookie: True) -> list[Sock]:
-        """Every socket destroyed since the last drain for which ``wanted(uid, cookie)`` holds (the test
-        keeps parsing cheap: most notices are other processes')."""
+    def drain(self, wanted=lambda cookie: True) -> list[Sock]:
+        """Every socket destroyed since the last drain whose cookie is ``wanted`` (most notices are other
+        processes': this keeps parsing them cheap)."""
         found = []
         while True:
             try:
@@ -217,8 +217,7 @@ class DestroyWatch:
                 self.lost = True   # the kernel dropped notices while the buffer was full
                 continue
             for _, body in _messages(data):
-                if len(body) >= _MSG_LEN and wanted(_MSG_OWNER.unpack_from(body, 64)[0],
-                                                     _MSG_COOKIE.unpack_from(body, 44)[0]):
+                if len(body) >= _MSG_LEN and wanted(_MSG_COOKIE.unpack_from(body, 44)[0]):
                     found.append(_parse(body, _protocol(body)))
 
     def close(self):

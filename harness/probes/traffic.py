@@ -137,11 +137,7 @@ class PidOwners:
         snap = _assemble(held, entries)
         snap.other = [(r, f"a {self.protocols[i]} socket (inode {i})") for r, inodes in held for i in sorted(inodes)
                       if not self.protocols[i].startswith(("TCP",) + self.IGNORED)]
-        if self.watch is not None:
-            last = self.last
-            snap.destroyed = {s.cookie: (last[s.cookie][0], s)
-                              for s in self.watch.drain(lambda uid, cookie: cookie in last)}
-        self.last = snap.tcp
+        self.last = _destroyed_since(self.watch, self.last, snap)
         return snap
 
 
@@ -152,6 +148,7 @@ class UidOwners:
     def __init__(self, uids: list[int], watch: nd.DestroyWatch | None = None):
         self.rank_of = {uid: r for r, uid in enumerate(uids)}
         self.watch = watch
+        self.last: dict = {}
 
     def snapshot(self) -> Snapshot:
         held: dict[int, set] = {r: set() for r in self.rank_of.values()}
@@ -163,17 +160,19 @@ class UidOwners:
                 held[r].add(key)
                 entries[key] = s
         snap = _assemble(sorted(held.items()), entries)
-        if self.watch is not None:
-            for s in self.watch.drain(lambda uid, cookie: uid in self.rank_of):
-                if s.proto == "tcp":
-                    snap.destroyed[s.cookie] = (self.rank_of[s.uid], s)
-                else:   # a datagram socket that opened and closed since the last snapshot
-                    snap.other.append((self.rank_of[s.uid], _udp(s)))
+        self.last = _destroyed_since(self.watch, self.last, snap)
         return snap
 
 
-def _udp(s: nd.Sock) -> str:
-    return f"a UDP socket ({s.local[0]}:{s.local[1]})"
+def _destroyed_since(watch: nd.DestroyWatch | None, last: dict, snap: Snapshot) -> dict:
+    """Fill ``snap.destroyed`` with the last counters of the connections of the previous snapshot
+    (``last``) that the kernel destroyed since.  A notice names its socket by cookie only (no uid, no
+    inode: the socket has left its process), so one that no snapshot saw cannot be told from any
+    other process's.  Returns what the next snapshot's notices are matched against."""
+    if watch is not None:
+        snap.destroyed = {s.cookie: (last[s.cookie][0], s) for s in watch.drain(last.__contains__)
+                          if s.proto == "tcp"}
+    return snap.tcp
 
 
 def _assemble(held, entries: dict) -> Snapshot:
@@ -190,7 +189,7 @@ def _assemble(held, entries: dict) -> Snapshot:
         if s is None:
             continue
         if s.proto == "udp":
-            snap.other.append((ranks[0], _udp(s)))
+            snap.other.append((ranks[0], f"a UDP socket ({s.local[0]}:{s.local[1]})"))
         elif s.state == nd.TCP_LISTEN:
             snap.listening.add(s.local)
         else:
@@ -241,7 +240,7 @@ def check(diff: Difference, trace) -> str | None:
         return (f"rank {r} holds a TCP connection to a process outside its world "
                 f"({s.remote[0]}:{s.remote[1]}, from {s.local[0]}:{s.local[1]})")
     for r, what in diff.other:
-        return f"rank {r} holds {what}: no traced op uses one"
+        return f"rank {r} used {what}, which no traced op does"
     bounds = _gloo.expected(trace)
     for pair in sorted(set(diff.sent) | set(bounds)):
         seen, setup = diff.sent.get(pair, 0), diff.setup.get(pair, 0)
