@@ -319,6 +319,27 @@ def test_a_rank_connecting_to_a_listener_in_the_test_process_is_caught(calls_hom
     assert problem.startswith(f"rank 0 holds a TCP connection to a process outside its world (127.0.0.1:{port},")
 
 
+def hand_the_channel_to_an_orphan():
+    """Rank 0's end of a kept channel goes to a grandchild that its parent leaves, so that it is no
+    rank's descendant; the rank closes its own copy."""
+    if dist.get_rank() == 0:
+        channel = getattr(dist, KEPT)[-1]
+        child = os.fork()
+        if child == 0:
+            if os.fork() == 0:
+                channel.recv(1)   # until rank 1 closes its end
+            os._exit(0)
+        os.waitpid(child, 0)
+        close_kept()
+
+
+def test_a_channel_handed_to_a_process_outside_the_world_is_caught(attack):
+    harness.run(open_a_channel, 2, timeout=30)
+    _, problem, _ = witnessed(hand_the_channel_to_an_orphan, 2)
+    assert problem is not None and problem.startswith("a TCP connection rank 0 held (") and \
+        problem.endswith("is still open, but no rank holds it now: it was handed to a process outside the world")
+
+
 def open_a_udp_socket():
     if dist.get_rank() == 1:
         datagrams = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -29,7 +29,7 @@ SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
 SKNLGRP_INET_TCP_DESTROY, SKNLGRP_INET_UDP_DESTROY = 1, 2
 SKNLGRP_INET6_TCP_DESTROY, SKNLGRP_INET6_UDP_DESTROY = 3, 4
 
-TCP_ESTABLISHED, TCP_LISTEN, TCP_TIME_WAIT = 1, 10, 6
+TCP_ESTABLISHED, TCP_SYN_SENT, TCP_SYN_RECV, TCP_TIME_WAIT, TCP_LISTEN = 1, 2, 3, 6, 10
 ALL_STATES = 0xFFF                     # bit s: TCP state s (1..11); UDP sockets are "established" or "close"
 
 _NLMSG = struct.Struct("=IHHII")       # len, type, flags, seq, pid
@@ -171,10 +171,10 @@ def lookup(socks: list[Sock]) -> list[Sock | None]:
         return found
 
 
-def dump_all(states: int = ALL_STATES, udp: bool = True) -> list[Sock]:
-    """TCP (and UDP) sockets of both IP families."""
-    protos = ("tcp", "udp") if udp else ("tcp",)
-    return [s for proto in protos for family in (socket.AF_INET, socket.AF_INET6) for s in dump(family, proto, states)]
+def dump_all(states: int = ALL_STATES) -> list[Sock]:
+    """Every TCP and UDP socket of both IP families."""
+    return [s for proto in ("tcp", "udp") for family in (socket.AF_INET, socket.AF_INET6)
+            for s in dump(family, proto, states)]
 
 
 class DestroyWatch:
