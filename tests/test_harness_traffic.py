@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import harness
 from harness import pool
-from harness.probes import _netdiag, traffic
+from harness.probes import _gloo, _netdiag, traffic
 from harness.records import build_trace
 from harness.trace import CommOp
 from tests.test_harness_tamper import CONFIGS, NAMES, run_calls
@@ -139,6 +139,27 @@ def test_ddp_and_fsdp2_raise_no_false_alarm(workload, n):
     assert witnessed(workload, n)[1] is None
 
 
+def rooted_collectives(root):
+    t = torch.ones(1000)
+    dist.broadcast(t, root)
+    dist.reduce(t, root)
+    dist.gather(t, [torch.empty(1000) for _ in range(3)] if dist.get_rank() == root else None, root)
+    dist.scatter(t, [torch.ones(1000) for _ in range(3)] if dist.get_rank() == root else None, root)
+
+
+@pytest.mark.parametrize("root", [0, 2])
+def test_rooted_collectives_are_exact_once_their_records_name_the_root(root):
+    """The tracer does not record a broadcast's or a reduce's root (a gather's and a scatter's show in
+    their bytes); ``_gloo`` reads ``CommOp.root`` where there is one, and bounds the bytes over every
+    possible root where there is none."""
+    result, problem, diff = witnessed(rooted_collectives, 3, root)
+    assert problem is None
+    for op in result.trace.ops():
+        op.root = root
+    assert traffic.check(diff, result.trace) is None
+    assert all(low == high for low, high in _gloo.expected(result.trace).values())
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_dcp_save_and_load_raises_no_false_alarm(n):
     with tempfile.TemporaryDirectory() as folder:
@@ -250,6 +271,28 @@ def test_one_byte_through_a_kept_side_channel_beside_any_collective_is_caught(de
     harness.run(open_a_channel, 2, timeout=30)
     _, problem, _ = witnessed(one_byte_beside, 2, decoy)
     assert problem is not None and problem.startswith("rank 1 sent rank 0 1 bytes that no traced op explains")
+
+
+def a_reverse_channel_beside_a_broadcast():
+    """Rank 0 sends the root 1000 bytes of its own while rank 1 broadcasts 1000 bytes to it."""
+    channel = getattr(dist, KEPT)[-1]
+    if dist.get_rank() == 0:
+        channel.sendall(bytes(1000))
+    else:
+        received = 0
+        while received < 1000:
+            received += len(channel.recv(1 << 16))
+    dist.broadcast(torch.ones(250), 1)
+
+
+def test_a_channel_against_a_broadcast_hides_in_an_unnamed_root_and_is_caught_once_the_root_is_named(attack):
+    harness.run(open_a_channel, 2, timeout=30)
+    result, problem, diff = witnessed(a_reverse_channel_beside_a_broadcast, 2)
+    assert problem is None   # root 0 would have sent these 1000 + 96 bytes: the record cannot tell
+    for op in result.trace.ops():
+        op.root = 1
+    assert traffic.check(diff, result.trace) == \
+        "rank 0 sent rank 1 1000 bytes that no traced op explains (1048 bytes crossed; the trace accounts for 48)"
 
 
 def untraced_all_reduce():
