@@ -223,6 +223,22 @@ def rank_to_rank_channel():
     return channel
 
 
+def receive(connection, nbytes: int) -> bytes:
+    received = b""
+    while len(received) < nbytes:
+        received += connection.recv(1 << 16)
+    return received
+
+
+def zeros_from_rank_0_to_rank_1(nbytes: int):
+    """Over the channel an earlier call made (``open_a_channel``)."""
+    channel = getattr(dist, KEPT)[-1]
+    if dist.get_rank() == 0:
+        channel.sendall(bytes(nbytes))
+    else:
+        receive(channel, nbytes)
+
+
 def side_channel_with_decoys(numel):
     """The real data goes over the code's own connection; a zero-filled all_reduce of the right shape
     keeps the trace looking right."""
@@ -230,10 +246,7 @@ def side_channel_with_decoys(numel):
     if dist.get_rank() == 0:
         channel.sendall(data.numpy().tobytes())
     else:
-        received = b""
-        while len(received) < data.nbytes:
-            received += channel.recv(1 << 16)
-        data = torch.frombuffer(bytearray(received), dtype=torch.float32)
+        data = torch.frombuffer(bytearray(receive(channel, data.nbytes)), dtype=torch.float32)
     dist.all_reduce(torch.zeros(numel))   # the decoy
     return data.sum().item()
 
@@ -275,13 +288,7 @@ def test_one_byte_through_a_kept_side_channel_beside_any_collective_is_caught(de
 
 def a_reverse_channel_beside_a_broadcast():
     """Rank 0 sends the root 1000 bytes of its own while rank 1 broadcasts 1000 bytes to it."""
-    channel = getattr(dist, KEPT)[-1]
-    if dist.get_rank() == 0:
-        channel.sendall(bytes(1000))
-    else:
-        received = 0
-        while received < 1000:
-            received += len(channel.recv(1 << 16))
+    zeros_from_rank_0_to_rank_1(1000)
     dist.broadcast(torch.ones(250), 1)
 
 
@@ -431,13 +438,7 @@ def test_a_group_closed_during_a_call_is_lost_without_the_destroy_notices_and_co
 
 def send_then_close_the_channel():
     """1000 bytes over a channel an earlier call made, closed before the call ends."""
-    channel = getattr(dist, KEPT)[-1]
-    if dist.get_rank() == 0:
-        channel.sendall(bytes(1000))
-    else:
-        received = 0
-        while received < 1000:
-            received += len(channel.recv(1 << 16))
+    zeros_from_rank_0_to_rank_1(1000)
     close_kept()
     dist.barrier()
 
@@ -474,9 +475,7 @@ def test_ranks_told_apart_by_uid_own_the_sockets_their_uids_made():
         with socket.create_server(("127.0.0.1", 0)) as listener:
             os.write(port_in, listener.getsockname()[1].to_bytes(2, "big"))
             connection, _ = listener.accept()
-            received = 0
-            while received < 5000:
-                received += len(connection.recv(1 << 16))
+            receive(connection, 5000)
             os.write(done_in, b"1")
             os.read(go_out, 1)
 
