@@ -262,6 +262,13 @@ def open_a_channel():
     rank_to_rank_channel()
 
 
+def test_a_bare_connection_between_ranks_is_caught(attack):
+    """A new connection must start with gloo's sequence number; an idle one of the code's own does not."""
+    _, problem, _ = witnessed(open_a_channel, 2)
+    assert problem == "rank 0 opened a connection to rank 1 that did not start as a process group's " \
+                      "(0 set-up bytes, not 8)"
+
+
 def one_byte_beside(decoy):
     """One byte over a connection that an earlier call made (so it carries no set-up bytes)."""
     channel = getattr(dist, KEPT)[-1]
@@ -300,6 +307,27 @@ def test_a_channel_against_a_broadcast_hides_in_an_unnamed_root_and_is_caught_on
         op.root = 1
     assert traffic.check(diff, result.trace) == \
         "rank 0 sent rank 1 1000 bytes that no traced op explains (1048 bytes crossed; the trace accounts for 48)"
+
+
+def leave_a_thread_sending():
+    """A thread that outlives the call sends 500 bytes over a kept channel while no call runs."""
+    import threading
+    if dist.get_rank() == 0:
+        channel = getattr(dist, KEPT)[-1]
+        threading.Timer(0.3, channel.sendall, [bytes(500)]).start()
+
+
+def test_traffic_between_calls_is_checked_with_the_next_call(attack):
+    """The witness's end of one call is its beginning of the next: no moment goes unwatched."""
+    harness.run(open_a_channel, 2, timeout=30)
+    witness = traffic.Witness(traffic.PidOwners([p.pid for p in world(2).procs]))
+    verdicts = []
+    for fn in (leave_a_thread_sending, nothing, honest_all_reduce):
+        witness.begin()
+        verdicts.append(witness.end(harness.run(fn, 2, timeout=30).trace))
+        time.sleep(0.5)
+    assert verdicts[0] is None and verdicts[2] is None, verdicts
+    assert verdicts[1] is not None and verdicts[1].startswith("rank 0 sent rank 1 500 bytes that no traced op explains")
 
 
 def untraced_all_reduce():

@@ -28,6 +28,7 @@ MAX_SEGMENT = 1 << 20      # AllreduceOptions / ReduceOptions::kMaxSegmentSize
 
 
 def _round_up(x: int, multiple: int) -> int:
+    """gloo's roundUp: segment sizes are whole elements, segment counts whole multiples of the group."""
     return -(-x // multiple) * multiple
 
 
@@ -105,10 +106,12 @@ def dissemination_barrier(size: int, me: int) -> list:
 
 
 def gather(size: int, me: int, root: int, nbytes: int) -> list:
+    """gloo::gather: every other member sends its block straight to the root."""
     return [] if me == root else [(root, nbytes)]
 
 
 def scatter(size: int, me: int, root: int, nbytes: int) -> list:
+    """gloo::scatter: the root sends each other member its block."""
     return [] if me != root else [(peer, nbytes) for peer in range(size) if peer != root]
 
 
@@ -138,6 +141,7 @@ class Signature(NamedTuple):
 
 
 def signature(op) -> Signature:
+    """An op's signature: what ``member_writes`` caches on, so a loop of like ops costs one model run."""
     element = _ELEMENT.get(op.dtypes[0].rsplit(".", 1)[-1], 1) if op.dtypes else 1
     blocks = tuple(element * math.prod(shape) for shape in op.shapes)
     splits = tuple(map(tuple, op.splits)) if op.splits is not None else None
@@ -222,6 +226,7 @@ def expected(trace) -> dict:
     bounds: dict = {}
 
     def add(src: int, dst: int, low: int, high: int):
+        """One op's least and most bytes from src to dst."""
         bound = bounds.setdefault((src, dst), [0, 0])
         bound[0] += low
         bound[1] += high

@@ -128,6 +128,7 @@ def _request(family: int, proto: str, states: int, sockid: bytes, flags: int, se
 
 
 def _error(body: bytes) -> int:
+    """The errno of an NLMSG_ERROR answer (the kernel sends it negated)."""
     code, = struct.unpack_from("=i", body, 0)
     return -code
 
@@ -191,6 +192,7 @@ class DestroyWatch:
     GROUPS = (SKNLGRP_INET_TCP_DESTROY, SKNLGRP_INET6_TCP_DESTROY, SKNLGRP_INET_UDP_DESTROY, SKNLGRP_INET6_UDP_DESTROY)
 
     def __init__(self, buffer_bytes: int = 8 << 20):
+        """Subscribe; the buffer holds the notices of a busy machine between two drains (~300 bytes each)."""
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK, NETLINK_SOCK_DIAG)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, 33, buffer_bytes)   # SO_RCVBUFFORCE: past rmem_max (root)
@@ -221,6 +223,7 @@ class DestroyWatch:
                     found.append(_parse(body, _protocol(body)))
 
     def close(self):
+        """Unsubscribe: the kernel stops queueing notices for this socket."""
         self.sock.close()
 
 

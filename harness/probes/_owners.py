@@ -88,12 +88,14 @@ class PidOwners:
     IGNORED = ("UNIX", "NETLINK", "gone")   # (prefixes) not channels this probe judges
 
     def __init__(self, pids: list[int], watch: nd.DestroyWatch | None = None):
+        """``pids``: the ranks' processes, in rank order."""
         self.pids, self.watch = list(pids), watch
         self.protocols: dict[int, str] = {}   # inode -> protocol
         self.known: dict[int, nd.Sock] = {}   # inode -> the kernel's entry, for TCP sockets
         self.last: dict = {}                   # cookie -> (rank, Sock) at the last snapshot
 
     def snapshot(self) -> Snapshot:
+        """Each rank's sockets as its fd tables name them now, with the kernel's current counters."""
         held = []
         for r, pid in enumerate(self.pids):
             paths = {}
@@ -138,11 +140,13 @@ class UidOwners:
     whoever holds it): a full dump of the kernel's TCP and UDP tables per snapshot."""
 
     def __init__(self, uids: list[int], watch: nd.DestroyWatch | None = None):
+        """``uids``: each rank's own uid, in rank order."""
         self.rank_of = {uid: r for r, uid in enumerate(uids)}
         self.watch = watch
         self.last: dict = {}
 
     def snapshot(self) -> Snapshot:
+        """Every TCP and UDP socket the ranks' uids own now, found by one dump of each kernel table."""
         held: dict[int, set] = {r: set() for r in self.rank_of.values()}
         entries = {}
         for s in nd.dump_all(_STATES):

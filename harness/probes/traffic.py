@@ -55,6 +55,7 @@ def difference(before: Snapshot, after: Snapshot) -> Difference:
     diff = Difference({}, {}, [], [], after.other, after.shared, set())
 
     def count(r: int, s: nd.Sock, start: int, end: int | None, new: bool):
+        """Rank r's end s of a connection wrote end - start bytes (end None: unknown)."""
         peer = ends.get((s.remote, s.local))
         if peer is None:
             if end or s.state in (nd.TCP_ESTABLISHED, nd.TCP_SYN_SENT, nd.TCP_SYN_RECV):   # carried bytes, or
@@ -79,28 +80,34 @@ def difference(before: Snapshot, after: Snapshot) -> Difference:
 
 
 def check(diff: Difference, trace) -> str | None:
-    """None when the kernel's view agrees with the trace, else what it saw, in one sentence."""
-    for inode, ranks in diff.shared:
-        return f"ranks {', '.join(map(str, ranks))} hold one socket between them (inode {inode})"
-    for r, s in diff.foreign:
-        return (f"rank {r} holds a TCP connection to a process outside its world "
-                f"({s.remote[0]}:{s.remote[1]}, from {s.local[0]}:{s.local[1]})")
-    for r, s in diff.escaped:
-        return (f"a TCP connection rank {r} held ({s.local[0]}:{s.local[1]} to {s.remote[0]}:{s.remote[1]}) is "
-                "still open, but no rank holds it now: it was handed to a process outside the world")
-    for r, what in diff.other:
-        return f"rank {r} used {what}, which no traced op does"
+    """None when the kernel's view agrees with the trace, else what it saw, in one sentence: a socket
+    shared by ranks, a connection out of the world, a socket of a kind no op uses, then bytes no op
+    explains or ops whose bytes never crossed, pair by pair.  Every new connection between two ranks
+    must start as gloo's do, with SETUP_BYTES from the side that connected."""
+    problems = [f"ranks {', '.join(map(str, ranks))} hold one socket between them (inode {inode})"
+                for inode, ranks in diff.shared]
+    problems += [f"rank {r} holds a TCP connection to a process outside its world ({s.remote[0]}:{s.remote[1]}, "
+                 f"from {s.local[0]}:{s.local[1]})" for r, s in diff.foreign]
+    problems += [f"a TCP connection rank {r} held ({s.local[0]}:{s.local[1]} to {s.remote[0]}:{s.remote[1]}) is "
+                 "still open, but no rank holds it now: it was handed to a process outside the world"
+                 for r, s in diff.escaped]
+    problems += [f"rank {r} used {what}, which no traced op does" for r, what in diff.other]
+    if problems:
+        return problems[0]
     bounds = _gloo.expected(trace)
-    for pair in sorted(set(diff.sent) | set(bounds)):
-        seen, setup = diff.sent.get(pair, 0), diff.setup.get(pair, 0)
-        low, high = bounds.get(pair, (0, 0))
-        src, dst = pair
+    for src, dst in sorted(set(diff.sent) | set(bounds)):
+        seen, setup = diff.sent.get((src, dst), 0), diff.setup.get((src, dst), 0)
+        low, high = bounds.get((src, dst), (0, 0))
         if seen > high + setup:
             return (f"rank {src} sent rank {dst} {seen - high - setup} bytes that no traced op explains "
                     f"({seen} bytes crossed; the trace accounts for {high + setup})")
-        if seen < low + setup and pair not in diff.lost:
-            return (f"rank {src} sent rank {dst} only {seen} bytes, but the ops the trace gives it need "
-                    f"{low + setup}: a traced op did not run")
+        if (src, dst) in diff.lost or seen >= low + setup:
+            continue
+        if seen >= low:
+            return (f"rank {src} opened a connection to rank {dst} that did not start as a process group's "
+                    f"({seen - low} set-up bytes, not {setup})")
+        return (f"rank {src} sent rank {dst} only {seen} bytes, but the ops the trace gives it need "
+                f"{low + setup}: a traced op did not run")
     return None
 
 
@@ -112,18 +119,22 @@ class Witness:
     """
 
     def __init__(self, owners):
+        """``owners``: a ``PidOwners`` or ``UidOwners`` of the world's ranks."""
         self.owners = owners
         self.last: Snapshot | None = None
 
     def begin(self):
+        """Before a call: the first snapshot, unless the end of the last call already took it."""
         if self.last is None:
             self.last = self.owners.snapshot()
 
     def end(self, trace) -> str | None:
+        """After a call that returned: None, or what the kernel saw that ``trace`` does not explain."""
         before, self.last = self.last, self.owners.snapshot()
         return check(difference(before, self.last), trace)
 
     def reset(self):
+        """After a failed call: the next ``begin`` starts afresh (the world may be a new one)."""
         self.last = None
 
 
@@ -161,6 +172,7 @@ def _benchmark(repeats: int = 200):
 
 
 def _one_all_reduce():
+    """The benchmark's call: a trace to check."""
     import torch
     import torch.distributed as dist
     dist.all_reduce(torch.ones(4))
