@@ -122,7 +122,6 @@ class PidOwners:
         self.last = _gone_since(self.watch, self.last, snap)
         return snap
 
-
     @staticmethod
     def _learn(tcp: set) -> dict:
         """The kernel's entry of each of these TCP sockets: a dump of its IPv4 table, and of its IPv6 one
