@@ -1,7 +1,7 @@
 """Every private piece of torch the engine touches, in one place: a torch upgrade means auditing this file.
 
 The tracer needs what torch does not publish: the c10d C++ classes (Work, ProcessGroup, the backends,
-Future), the process-group registry, the dispatcher's guards and dispatch-mode stack, the functional
+Future), the process-group registry, the dispatcher's guards and the function-mode stack, the functional
 collectives' module, each group's sequence counter, and the tensor and storage accessors that memory
 measurements bind before learner code runs.  Each is named here once, with what it is for; the rest
 of the engine imports these names, never ``torch._C`` or a private torch module itself.
@@ -12,9 +12,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional_collectives  # noqa: F401  (its wait_tensor)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (the compute counter's base)
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as dispatch_mode_stack  # noqa: F401
-from torch.utils._python_dispatch import _pop_mode as pop_dispatch_mode  # noqa: F401
 from torch.overrides import _get_current_function_mode_stack as function_mode_stack  # noqa: F401
 
 pop_function_mode = torch._C._pop_torch_function_stack   # the innermost TorchFunctionMode, whatever it is

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 P2P_KINDS = ("send", "recv")
+ROOTED_KINDS = ("broadcast", "reduce", "gather", "scatter")   # they record their ``root``
 COLLECTIVE_KINDS = (
     "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
     "barrier", "reduce", "gather", "scatter",
@@ -37,6 +38,7 @@ class CommOp:
     wait_end: float | None = None
     blocking: bool | None = None      # True when that wait ran inside the statement that issued it
     splits: tuple | None = None       # (output_split_sizes, input_split_sizes) for all_to_all
+    root: int | None = None           # global rank of the root, for ROOTED_KINDS
     # compute calls (matmul family, fused attention, softmax, exp: ``record.compute``) this rank ran
     # between issuing the op and starting to wait on it; None unless the call counts compute
     # (``probes.Compute``), or when it was never waited on.  A wait in the issuing statement gives 0.

@@ -24,7 +24,7 @@ from .ops import (FUNCTIONAL_KINDS, IN_ARG, KINDS, OUT_ARG, functional_out_bytes
                    perturbed_copies, tensors_in, with_argument)
 from ..world.diagnose import ENGINE_DIR, short_path
 from .policy import Policy, ops_digest
-from ..trace import P2P_KINDS
+from ..trace import P2P_KINDS, ROOTED_KINDS
 
 _FLIGHT_LOCK = threading.Lock()
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -134,10 +134,15 @@ class Recorder(GroupCounters):
         if kind in ("send", "recv") and op_name != "recv_any_source_":
             peer = global_rank(group, next(a for a in flat[2:] if isinstance(a, int)))
         splits = (tuple(flat[3]), tuple(flat[4])) if op_name == "alltoall_base_" else None
+        root = None
+        if kind in ROOTED_KINDS:   # the first int after the group: c10d's root_rank, a group rank
+            after = flat[next(i for i, a in enumerate(flat) if isinstance(a, torch.ScriptObject)) + 1:]
+            root = global_rank(group, next(a for a in after if type(a) is int))
         perturbed = kind == "send" and self._perturbs_next_send()
         if perturbed:   # c10d::send(Tensor[] tensors, ...): gloo's send work keeps the copy alive
             args = (perturbed_copies(args[0]),) + tuple(args[1:])
-        record = self._record(kind, str(func), frame, site, pg, group, ins, nbytes_of(outs), peer, splits, perturbed)
+        record = self._record(kind, str(func), frame, site, pg, group, ins, nbytes_of(outs), peer, splits, perturbed,
+                              root)
         return [record], args, kwargs
 
     def issue_functional(self, func, args, kwargs):
@@ -168,6 +173,7 @@ class Recorder(GroupCounters):
         self.policy.check(kind, site)
         ins = tensors_in(next((bound[n] for n in ("input", "inputs", "tensor") if n in bound), None))
         peer = global_rank(group, bound["dst"] if kind == "send" else bound["src"]) if kind in P2P_KINDS else None
+        root = global_rank(group, bound["src"]) if kind == "broadcast" else None
         splits = None
         if kind == "all_to_all" and "output_split_sizes" in bound:
             splits = (tuple(int(s) for s in bound["output_split_sizes"] or ()),
@@ -176,16 +182,16 @@ class Recorder(GroupCounters):
         if perturbed:
             args, kwargs = with_argument(names, args, kwargs, "tensor", perturbed_copies(ins)[0])
         record = self._record(kind, str(func), frame, site, pg, group, ins,
-                              functional_out_bytes(kind, bound, ins, len(group)), peer, splits, perturbed)
+                              functional_out_bytes(kind, bound, ins, len(group)), peer, splits, perturbed, root)
         return [record], args, kwargs
 
-    def _record(self, kind, name, frame, site, pg, group, ins, out_bytes, peer, splits, perturbed) -> dict:
+    def _record(self, kind, name, frame, site, pg, group, ins, out_bytes, peer, splits, perturbed, root=None) -> dict:
         phase = self.phase_stack[-1] if self.phase_stack else None
         op = {
             "rank": self.rank, "index": len(self.ops), "kind": kind, "name": name,
             "shapes": [tuple(t.shape) for t in ins], "dtypes": [str(t.dtype) for t in ins],
             "in_bytes": 0 if kind == "recv" else nbytes_of(ins), "out_bytes": out_bytes,
-            "peer": peer, "group": tuple(group), "splits": splits,
+            "peer": peer, "root": root, "group": tuple(group), "splits": splits,
             "phase": phase["name"] if phase else None, "step": phase["step"] if phase else None,
             "site": site, "issued_at": self.now(),
             "wait_start": None, "wait_end": None, "blocking": None,

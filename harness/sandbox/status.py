@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # measure -> what its state starts with when it is in force
 IN_FORCE = {"landlock": ("ABI",), "seccomp": ("on",), "uid": ("rank uid", "not needed"),
-            "files": ("landlock", "enforced")}
+            "files": ("landlock", "enforced"), "traffic": ("kernel counters",)}
 
 
 def in_force(measure: str, state: str) -> bool:
@@ -39,5 +39,14 @@ def protections_here() -> dict:
              "seccomp": "on" if notify_why is None else f"unavailable: {notify_why}",
              "uid": "rank uid (each rank its own)" if os.geteuid() == 0 else "not needed: the judge is not root",
              "files": ("landlock" if isinstance(abi, int) else "enforced below Python") if notify_why is None
-             else f"unavailable: {notify_why}"}
+             else f"unavailable: {notify_why}", "traffic": _traffic_here()}
     return summarise([state])
+
+
+def _traffic_here() -> str:
+    from ..probes import _netdiag
+    try:
+        _netdiag.dump_all()
+    except OSError as e:
+        return f"unavailable: the kernel's socket tables cannot be read here ({e})"
+    return "kernel counters"

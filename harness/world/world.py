@@ -1,11 +1,12 @@
-"""One world: N live rank processes in one process group, fed calls over pipes.
+"""One world: N live rank processes in one process group, fed calls over pipes, watched from outside.
 
-``World`` forks its ranks from the forkserver (``_boot``), sends each call (the function, each
-rank's own arguments, the policy), reads each rank's op records as they stream (``records``) and
-its reply (``wire.Reply``), and turns what went wrong into a plain report: a rank that raised, one
-that died (or passed its memory limit, which it watches while the call runs), or a hang with each
-rank's blocking line and a diagnosis (``_diagnose``).  A failure kills the world; ``pool`` keeps the
-live ones.
+``World`` forks its ranks from the forkserver (``boot``), sends each call (the function, each rank's
+own arguments, the policy), reads each rank's op records as they stream (``records``) and its reply
+(``wire.Reply``), and turns what went wrong into a plain report (``outcomes``): a rank that raised,
+one that died (or passed its memory limit, which it watches while the call runs), or a hang with
+each rank's blocking line and a diagnosis.  Around every call run the witnesses no rank can reach:
+the kernel's TCP counters against the trace (``probes.traffic``), the ranks' file calls
+(``probes.files``) and their resident memory.  A failure kills the world; ``pool`` keeps the live ones.
 """
 from __future__ import annotations
 
@@ -16,20 +17,20 @@ import shutil
 import tempfile
 import time
 
-from .boot import CONTEXT, RankProcess
-from .diagnose import (blocking_line, crash_message, diagnose_hang, dump_stacks, hang_message, is_gloo_fallout,
-                        rank_error)
-from ..errors import HangError, RankCrashed, TraceTampered
+from ..errors import RankCrashed, TraceTampered
+from ..inputs import own_inputs
 from ..probes.base import CallOutcome
 from ..probes.files import FileWitness
-from ..probes.kill import Killed
-from ..inputs import own_inputs
-from ..record.policy import Policy
-from .setup import SandboxSpec, prepare_world
-from .records import RecordStream, build_trace, check_record, ops_balanced
-from ..trace import Trace
-from .wire import Reply, WireError, dump_function, dumps
 from ..probes.memory import resident_bytes
+from ..probes.traffic import witness_for
+from ..record.policy import Policy
+from ..trace import Trace
+from .boot import CONTEXT, RankProcess
+from .diagnose import crash_message
+from .outcomes import Outcomes
+from .records import RecordStream, build_trace, check_record
+from .setup import SandboxSpec, prepare_world
+from .wire import Reply, WireError, dump_function, dumps
 
 _START_TIMEOUT = 60.0
 _WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
@@ -47,7 +48,7 @@ def _rank_results(replies: dict) -> dict:
     return results
 
 
-class World:
+class World(Outcomes):
     """N live rank processes in one process group, fed tasks over pipes."""
 
     def __init__(self, world_size: int, backend: str, shared_dir: str | None = None,
@@ -91,6 +92,11 @@ class World:
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
                 raise RankCrashed(message, r, code, stderr)
             self.protections.append({**ready, "files": self.files.states.get(r, "unavailable: it sent no listener")})
+        self.traffic, traffic_state = witness_for(self.pids(), backend)
+        for state in self.protections:
+            state["traffic"] = traffic_state
+        if self.traffic is not None:
+            self.traffic.begin()   # after the default group's connections are made, before any code under test
 
     def close(self):
         for c in self.conns:
@@ -159,6 +165,8 @@ class World:
             stream.drain()
             stream.clear()
         self.files.reset()
+        if self.traffic is not None:
+            self.traffic.begin()
         for probe in probes:
             probe.start(self)
         for c, payload in zip(self.conns, payloads):
@@ -166,6 +174,9 @@ class World:
         replies, pending, killed = self._collect(token, timeout, memory_gb, probes)
         for stream in self.records:
             stream.drain()
+        if self.traffic is not None and (killed is not None or pending or len(replies) < self.world_size
+                                         or any(rep.status != "ok" for rep in replies.values())):
+            self.traffic.reset()   # a call that did not end whole: its traffic is not judged
         if killed is not None:   # the test's own fault: what the others returned, and no trace
             self.kill()
             values = [replies[r].value if r in replies and replies[r].status == "ok" else None
@@ -181,6 +192,10 @@ class World:
         try:
             check_record(ops, streamed, replies, policy)
             trace = build_trace(ops, self.records)
+            unexplained = self.traffic.end(trace) if self.traffic is not None else None
+            if unexplained:
+                raise TraceTampered(f"the kernel saw traffic between the ranks that the trace does not explain: "
+                                    f"{unexplained}")
             values = [replies[r].value for r in range(self.world_size)]
             outcome = CallOutcome(values, trace, _rank_results(replies))
             results = {probe.name: probe.finish(self, outcome) for probe in probes}
@@ -235,32 +250,6 @@ class World:
                     first_error_at = time.monotonic()
         return replies, set(pending.values()), killed
 
-    def _failed(self, errors: dict, pending: set, ops, retire: bool) -> BaseException:
-        """The exception for ranks that raised; the world stays only when nothing is left in flight."""
-        dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
-        if dead and all(is_gloo_fallout(rep) for rep in errors.values()):
-            return self._crash(dead[0])  # the others' errors are only its echo
-        error = rank_error(errors, self.world_size)
-        # Every rank returned and their ops pair up: nothing is left in flight, so the world is
-        # reusable (a stub fails every example; rebuilding each time is slow).
-        error.world_reusable = (not pending and not isinstance(error, TraceTampered) and not retire
-                                and ops_balanced(ops))
-        if not error.world_reusable:
-            self.kill()
-        return error
-
-    def _death(self, rank: int, probes) -> Killed:
-        """Rank ``rank`` died without a reply: the test's injected kill (or its fallout on another rank)
-        is returned; anything else is raised as a crash."""
-        for probe in probes:
-            recognise = getattr(probe, "recognise", None)
-            if recognise is not None:
-                for r in range(self.world_size):
-                    killed = recognise(self, r)
-                    if killed is not None:
-                        return killed
-        raise self._crash(rank)
-
     def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
         try:
             reply = Reply.decode(data)
@@ -274,27 +263,3 @@ class World:
             self.kill()
             raise TraceTampered(f"rank {rank} sent more than one reply")
         return reply
-
-    def _crash(self, rank: int) -> RankCrashed:
-        self.procs[rank].join(1.0)  # its pipe can close a moment before it is reaped
-        time.sleep(0.1)  # let the other ranks' stderr settle
-        code = self.procs[rank].exitcode
-        stderr = self.stderr_of(rank)
-        self.kill()
-        if rank in self.over_memory:
-            used, limit = self.over_memory[rank]
-            return RankCrashed(f"rank {rank} used {used / _GB:.2f} GB (limit {limit:g} GB): the harness ended it. "
-                               "Something allocates without bound (a growing list of tensors, a loop that "
-                               "never ends, a shape off by a large factor?)", rank, code, stderr)
-        return RankCrashed(crash_message(rank, code, stderr), rank, code, stderr)
-
-    def _hang(self, timeout: float, stuck: list) -> HangError:
-        stacks = dump_stacks(self.procs, [s.stack for s in self.setups])
-        for stream in self.records:
-            stream.drain()
-        flights = [stream.events() for stream in self.records]
-        self.kill()
-        where = {r: blocking_line(stacks[r]) for r in range(self.world_size)}
-        diagnosis = diagnose_hang(flights, stuck, where)
-        return HangError(hang_message(timeout, stuck, where, flights, diagnosis),
-                         where, diagnosis, timeout)
