@@ -175,10 +175,12 @@ def _register_by_value(fn):
 
 
 def shutdown():
-    """Stop every pooled world, and forget every kept result.  Runs at exit; safe to call any time."""
+    """Stop every pooled world, and forget every kept result and what confined the worlds (a new session:
+    ``protections`` starts again).  Runs at exit; safe to call any time."""
     for world in list(_WORLDS.values()):
         world.close()
     _WORLDS.clear()
+    _PROTECTIONS.clear()
     forget_kept()
 
 

@@ -154,9 +154,10 @@ def _problem_policy(request):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    protections = harness.protections()   # what confined this session's ranks (shutdown forgets it)
     harness.shutdown()
     if not hasattr(session.config, "workerinput"):
-        _session(session.config).send_report(exitstatus)
+        _session(session.config).send_report(exitstatus, protections)
 
 
 # ---- each example: progress, the failing case, the trace of the failing call -------------------

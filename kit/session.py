@@ -173,8 +173,8 @@ class KitSession:
         if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
             self.add_report(report)
 
-    def send_report(self, exitstatus: int):
+    def send_report(self, exitstatus: int, protections: dict):
         """The verdict, last thing in the session, down the events pipe: the judge stops the run once it arrives."""
         self.progress(event="report", report={
             "tests": self.reports, "seed": self.seed, "profile": self.config.profile, "backend": self.config.backend,
-            "exitstatus": int(exitstatus), "finished_at": time.time(), "protections": harness.protections()})
+            "exitstatus": int(exitstatus), "finished_at": time.time(), "protections": protections})

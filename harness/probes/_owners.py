@@ -67,6 +67,11 @@ def sockets_of(pid: int) -> dict[int, str]:
     return found
 
 
+def held_by(pid: int) -> set:
+    """The inodes of every socket the process and its descendants hold."""
+    return set().union(*(sockets_of(p).keys() for p in _descendants(pid)))
+
+
 def _protocol(path: str) -> str:
     """A socket's protocol, as the kernel names it ("TCP", "TCPv6", "UDP", "UNIX-STREAM", "RAW", ...)."""
     try:
@@ -87,9 +92,10 @@ class PidOwners:
 
     IGNORED = ("UNIX", "NETLINK", "gone")   # (prefixes) not channels this probe judges
 
-    def __init__(self, pids: list[int], watch: nd.DestroyWatch | None = None):
-        """``pids``: the ranks' processes, in rank order."""
-        self.pids, self.watch = list(pids), watch
+    def __init__(self, pids: list[int], watch: nd.DestroyWatch | None = None, kept=None):
+        """``pids``: the ranks' processes, in rank order; ``kept(rank)``: sockets of that rank's that the
+        test process keeps copies of (inode -> a path of our own fd), counted as the rank's."""
+        self.pids, self.watch, self.kept = list(pids), watch, kept
         self.protocols: dict[int, str] = {}   # inode -> protocol
         self.known: dict[int, nd.Sock] = {}   # inode -> the kernel's entry, for TCP sockets
         self.last: dict = {}                   # cookie -> (rank, Sock) at the last snapshot
@@ -101,6 +107,8 @@ class PidOwners:
             paths = {}
             for p in _descendants(pid):
                 paths.update(sockets_of(p))
+            if self.kept is not None:
+                paths.update({i: path for i, path in self.kept(r).items() if i not in paths})
             for inode in paths.keys() - self.protocols.keys():
                 self.protocols[inode] = _protocol(paths[inode])
             held.append((r, set(paths)))

@@ -43,7 +43,7 @@ class FileWitness:
         """Take rank ``rank``'s first message: its listener fd and mode, or why it has none."""
         fd, text = recv_fd(conn_fd)
         if fd is None:
-            self.states[rank] = "landlock alone" if text == "none" else f"unavailable: {text}"
+            self.states[rank] = f"unavailable: {text}"
             return
         self.states[rank] = "enforced below Python" if text == "enforce" else "landlock, counted below Python"
         with self.lock:
@@ -66,6 +66,26 @@ class FileWitness:
         with self.lock:
             base = self.base[rank]
             self.supervisors[rank].reset(Rules(base.mode, base.hidden, base.writable, under, (event, None)))
+
+    def kept_sockets(self, rank: int) -> dict:
+        """inode -> a path of our copy, for each socket rank ``rank``'s processes connected (``notify``)."""
+        with self.lock:
+            supervisor = self.supervisors.get(rank)
+            fds = list(supervisor.sockets) if supervisor is not None else []
+        return {os.fstat(fd).st_ino: f"/proc/self/fd/{fd}" for fd in fds}
+
+    def release_sockets(self, still_held: dict):
+        """Close our copies of the sockets no process of their rank holds any more (``still_held``: rank ->
+        inodes): the traffic witness has read them, and their connections may close now."""
+        with self.lock:
+            for rank, supervisor in self.supervisors.items():
+                keep = []
+                for fd in supervisor.sockets:
+                    if os.fstat(fd).st_ino in still_held.get(rank, ()):
+                        keep.append(fd)
+                    else:
+                        os.close(fd)
+                supervisor.sockets = keep
 
     def killed(self, rank: int) -> Killed | None:
         with self.lock:
@@ -93,10 +113,11 @@ class FileWitness:
                         supervisor.handle_ready()
 
 
-def mode_for(landlock_applied: bool, shared: bool) -> str | None:
-    """Which filter a rank installs: "enforce" without Landlock, "events" where a shared folder needs
-    counting, else none."""
-    return "enforce" if not landlock_applied else "events" if shared else None
+def mode_for(landlock_applied: bool, shared: bool) -> str:
+    """Which filter a rank installs: "enforce" without Landlock, else "events" (write events counted where a
+    shared folder needs it; every connect seen, so that each TCP socket is kept till the traffic witness
+    has read it)."""
+    return "enforce" if not landlock_applied else "events"
 
 
 def _rules(world_dir: str, setups: list, rank: int, mode: str) -> Rules:

@@ -111,15 +111,18 @@ def check(diff: Difference, trace) -> str | None:
     return None
 
 
-def witness_for(pids: list, backend: str) -> tuple:
-    """(a ``Witness`` of these ranks' TCP traffic, or None; its state for the protections)."""
+def witness_for(pids: list, backend: str, kept=None) -> tuple:
+    """(a ``Witness`` of these ranks' TCP traffic, or None; its state for the protections).  ``kept``: the
+    sockets the file witness holds copies of (every socket a rank connected), by rank."""
     if backend != "gloo":
         return None, "unavailable: NCCL moves its data outside TCP"
     try:
         watch = nd.DestroyWatch() if os.geteuid() == 0 else None
     except OSError:
         watch = None
-    return Witness(PidOwners(pids, watch)), ("kernel counters" + (", closed connections too" if watch else ""))
+    state = "kernel counters" + (", every connection kept till read" if kept else "") + \
+        (", closed connections too" if watch else "")
+    return Witness(PidOwners(pids, watch, kept)), state
 
 
 class Witness:

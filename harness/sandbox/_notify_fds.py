@@ -5,11 +5,15 @@ to the test process, as the first message there.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import struct
 
 from ._notify_filter import install
+from .landlock import libc
+
+_PIDFD_GETFD = 438   # the same on x86_64 and aarch64
 
 
 def send_fd(sock_fd: int, fd: int | None, reason: str = ""):
@@ -47,3 +51,19 @@ def hand_over(sock_fd: int, mode: str) -> str | None:
     finally:
         os.close(fd)
     return None
+
+
+def take_fd(tid: int, fd: int) -> int | None:
+    """A copy, in this process, of thread ``tid``'s process's descriptor ``fd`` (pidfd_getfd, Linux >= 5.6;
+    it needs ptrace access to the process: root, or an ancestor under Yama's default); None if it is gone."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+        pidfd = os.pidfd_open(tgid)
+    except (OSError, StopIteration):
+        return None
+    try:
+        copy = libc().syscall(ctypes.c_long(_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(fd), ctypes.c_uint(0))
+        return copy if copy >= 0 else None
+    finally:
+        os.close(pidfd)

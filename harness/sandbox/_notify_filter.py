@@ -11,7 +11,9 @@ else to the rank than to the supervisor) and prctl(PR_SET_DUMPABLE) (a process t
 locks a supervisor of the same user out of its memory and /proc entries).
 
 Mode "events" (Landlock enforces; the supervisor only counts) routes ``open``/``openat`` only when
-their flags ask to write, so reads cost one BPF run; mode "enforce" routes every open and exec.
+their flags ask to write, so reads cost one BPF run; mode "enforce" routes every open and exec.  Both
+route ``connect``, so that the supervisor holds a copy of every TCP socket a rank connects (the traffic
+witness then reads its counters even after the rank closed its own).
 """
 from __future__ import annotations
 
@@ -38,23 +40,24 @@ _X86_64 = dict(
     open=2, openat=257, openat2=437, creat=85, rename=82, renameat=264, renameat2=316, unlink=87,
     unlinkat=263, mkdir=83, mkdirat=258, rmdir=84, link=86, linkat=265, symlink=88, symlinkat=266,
     truncate=76, mknod=133, mknodat=259, execve=59, execveat=322, open_by_handle_at=304, io_uring_setup=425,
-    io_uring_enter=426, io_uring_register=427, seccomp=317)
+    io_uring_enter=426, io_uring_register=427, seccomp=317, connect=42)
 _AARCH64 = dict(   # asm-generic: no open, creat, rename, unlink, mkdir, rmdir, link, symlink, mknod
     openat=56, openat2=437, renameat=38, renameat2=276, unlinkat=35, mkdirat=34, linkat=37, symlinkat=36,
     truncate=45, mknodat=33, execve=221, execveat=281, open_by_handle_at=265, io_uring_setup=425,
-    io_uring_enter=426, io_uring_register=427, seccomp=277)
+    io_uring_enter=426, io_uring_register=427, seccomp=277, connect=203)
 _ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
 
 OPENS = ("open", "openat", "openat2", "creat")
 FILE_CALLS = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "link",
               "linkat", "symlink", "symlinkat", "truncate", "mknod", "mknodat")
 EXECS = ("execve", "execveat")
+SOCKETS = ("connect",)   # in both modes: the supervisor keeps a copy of each connecting socket (see notify)
 _DENIED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at")
 
 
 def syscall_names() -> dict[int, str]:
     """This machine's routed syscall numbers, by number."""
-    return {nr: name for name, nr in _ARCHES[machine()][1].items() if name in OPENS + FILE_CALLS + EXECS}
+    return {nr: name for name, nr in _ARCHES[machine()][1].items() if name in OPENS + FILE_CALLS + EXECS + SOCKETS}
 
 
 def _arg(i: int) -> int:
@@ -79,7 +82,7 @@ def program(mode: str, arch: str) -> bytes:
         to("flags_in_arg1", "open")
         to("flags_in_arg2", "openat")
         to("notify", "openat2", "creat")      # openat2's flags are in memory; creat always writes
-    to("notify", *FILE_CALLS)
+    to("notify", *FILE_CALLS, *SOCKETS)
     prog += [(ret, 0, 0, _RET_ALLOW),             # BPF jumps forward only: the blocks below end in returns
              "flags_in_arg1", (ld, 0, 0, _arg(1)), (jset, "notify", "allow", _WRITE_FLAGS),
              "flags_in_arg2", (ld, 0, 0, _arg(2)), (jset, "notify", "allow", _WRITE_FLAGS),

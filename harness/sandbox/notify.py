@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from ._acting import acting_as
 from ._notify_filter import MODES, install, syscall_names, unavailable_reason
 from ._notify_caller import Caller
-from ._notify_fds import hand_over, recv_fd, send_fd  # noqa: F401  (part of this module's API)
+from ._notify_fds import hand_over, recv_fd, send_fd, take_fd  # noqa: F401  (part of this module's API)
 from ._notify_paths import decode, rule_path, under
 
 __all__ = ["Rules", "Event", "Supervisor", "install", "hand_over", "send_fd", "recv_fd", "unavailable_reason"]
@@ -137,6 +137,7 @@ class Supervisor:
     events: list = field(default_factory=list)       # counted Events, in order
     denied: list = field(default_factory=list)       # refused Events (mode "enforce")
     killed: Event | None = None                      # the event the kill came at (or after)
+    sockets: list = field(default_factory=list)      # our copies of the sockets the processes connected
     handled: int = 0                                 # notifications received
     done: bool = False                               # every process under the filter has exited
 
@@ -151,10 +152,13 @@ class Supervisor:
         return self.listener_fd
 
     def close(self):
-        """Close the listener: pending and later routed calls fail with ENOSYS."""
+        """Close the listener (pending and later routed calls fail with ENOSYS) and the sockets it holds."""
         if self.listener_fd >= 0:
             os.close(self.listener_fd)
             self.listener_fd = -1
+        for fd in self.sockets:
+            os.close(fd)
+        self.sockets = []
 
     def reset(self, rules: Rules):
         """New rules for the rank's next call (a pooled rank outlives one call): counting starts again."""
@@ -190,6 +194,8 @@ class Supervisor:
     # ---- one notification --------------------------------------------------------------------------
 
     def _answer(self, nid, tid, _flags, nr, _arch, _ip, *args):
+        if self._names[nr] == "connect":
+            return self._hold_socket(nid, tid, args[0])
         caller = Caller(tid)
         enforce = self.rules.mode == "enforce"
         try:
@@ -243,6 +249,16 @@ class Supervisor:
             return False
         self._kill(pid, event, caller)
         return True
+
+    def _hold_socket(self, nid, tid: int, fd: int):
+        """A socket about to connect: keep a copy of it here (pidfd_getfd), so its connection outlives the
+        rank's own descriptor until the traffic witness has read it; then let the call run."""
+        copy = take_fd(tid, fd)
+        if copy is not None and self._valid(nid):
+            self.sockets.append(copy)
+        elif copy is not None:
+            os.close(copy)
+        self._send(nid, flags=_CONTINUE)
 
     def _kill(self, pid: int, event: Event, caller):
         """SIGKILL ``pid`` and the caller's process; the caller's call is left unanswered, so it never runs

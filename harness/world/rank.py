@@ -26,7 +26,7 @@ from ..record.kernels import install
 from .diagnose import ENGINE_DIR, short_path
 from ..probes.files import mode_for
 from ..sandbox import confine, guard_store, hint
-from ..sandbox.notify import hand_over, send_fd
+from ..sandbox.notify import hand_over
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
 from .setup import RankSetup
@@ -103,11 +103,8 @@ def rank_main(setup: RankSetup, conn, record_conn):
                           landlock=setup.sandbox.landlock, ids=setup.ids, ids_note=setup.ids_note)
     # The file witness's filter, after confine (its checks read this rank's own identity) and before any
     # code under test; the first message on the pipe, even when there is none (see probes.files).
-    mode = mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None)
-    if mode is None:
-        send_fd(conn.fileno(), None, "none")
-    else:
-        hand_over(conn.fileno(), mode)   # (what it could not do, it says to the test process)
+    hand_over(conn.fileno(), mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None))
+    # (what it could not do, it says to the test process)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it

@@ -22,6 +22,7 @@ from ..inputs import own_inputs
 from ..probes.base import CallOutcome
 from ..probes.files import FileWitness
 from ..probes.memory import resident_bytes
+from ..probes._owners import held_by
 from ..probes.traffic import witness_for
 from ..record.policy import Policy
 from ..trace import Trace
@@ -92,7 +93,7 @@ class World(Outcomes):
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
                 raise RankCrashed(message, r, code, stderr)
             self.protections.append({**ready, "files": self.files.states.get(r, "unavailable: it sent no listener")})
-        self.traffic, traffic_state = witness_for(self.pids(), backend)
+        self.traffic, traffic_state = witness_for(self.pids(), backend, self.files.kept_sockets)
         for state in self.protections:
             state["traffic"] = traffic_state
         if self.traffic is not None:
@@ -193,6 +194,7 @@ class World(Outcomes):
             check_record(ops, streamed, replies, policy)
             trace = build_trace(ops, self.records)
             unexplained = self.traffic.end(trace) if self.traffic is not None else None
+            self.files.release_sockets({r: held_by(pid) for r, pid in enumerate(self.pids())})
             if unexplained:
                 raise TraceTampered(f"the kernel saw traffic between the ranks that the trace does not explain: "
                                     f"{unexplained}")
