@@ -35,6 +35,10 @@ class JudgeTimeout(InternalError):
     """The test run took longer than its time limit and was stopped."""
 
 
+class JudgeStopped(KeyboardInterrupt):
+    """The test run was stopped on purpose (its ``stop`` event: grade interrupted, --watch saw a newer save)."""
+
+
 @dataclass
 class TestResult:
     name: str
@@ -49,6 +53,7 @@ class TestResult:
     hypothesis: str = ""       # hypothesis's own notes and advice (judge.py --verbose)
     location: list | None = None   # [file, line, function] of a stub's own NotImplementedError
     drawing: str | None = None     # text the test recorded with record_property("drawing", ...) (--show)
+    file: str = ""                 # the test file it came from (which test set: public or added)
 
     @property
     def passed(self) -> bool:
@@ -66,6 +71,7 @@ class Verdict:
     elapsed: float = 0.0
     tests_dir: str = ""
     stderr: str = ""
+    added_tests_dir: str = ""   # a test set judged on top of tests_dir (--add-tests)
 
     @property
     def score(self) -> float:
@@ -83,10 +89,10 @@ class Verdict:
         return [t for t in self.tests if not t.passed]
 
 
-def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: str | None = None,
+def pytest_command(config: KitConfig, tests_dirs: list, report: str, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
                    trace_dir: str | None = None) -> list:
-    cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "kit.plugin",
+    cmd = [sys.executable, "-m", "pytest", *tests_dirs, "-p", "kit.plugin",
            "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"), "--kit-report", report,
            "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider", *config.pytest_args()]
     if targets is not None:
@@ -102,8 +108,9 @@ def pytest_command(config: KitConfig, tests_dir: str, report: str, *, target: st
     return cmd
 
 
-def run_pytest(cmd: list, env: dict, timeout: float, report: str, progress=None) -> subprocess.CompletedProcess:
-    """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it.
+def run_pytest(cmd: list, env: dict, timeout: float, report: str, progress=None,
+               stop: threading.Event | None = None) -> subprocess.CompletedProcess:
+    """Run in its own process group, so a timeout, Ctrl-C or ``stop`` takes every rank down with it.
 
     Done as soon as the ``report`` file appears (the plugin writes it whole, last thing in the
     session): the process group is then ended at once, instead of waiting about 2 s for pytest,
@@ -125,8 +132,10 @@ def run_pytest(cmd: list, env: dict, timeout: float, report: str, progress=None)
         while proc.poll() is None and not os.path.exists(report):
             if time.monotonic() > deadline:
                 raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
+            if stop is not None and stop.is_set():
+                raise JudgeStopped("the test run was stopped")
             time.sleep(0.02)
-    finally:   # also on Ctrl-C and on a timeout
+    finally:   # also on Ctrl-C, a stop and a timeout
         kill_group(proc)
         for reader in readers:
             reader.join(timeout=2)
@@ -171,27 +180,27 @@ def env_for_tests() -> dict:
 
 
 def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: str | None = None,
-               seed: int | None = None, select: str | None = None,
+               add_tests: str | None = None, seed: int | None = None, select: str | None = None,
                targets: list | None = None, timeout: float = 1800, progress=None,
                trace_dir: str | None = None, runner=run_pytest) -> Verdict:
     """Run one problem's tests on ``target`` (or ``targets``) in a test process and score them.
 
-    ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
+    ``tests_root``: a test set laid out like practice/ instead of the public tests; ``add_tests``: one judged
+    with them.  ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
     events; ``trace_dir``: where each test's last traced call is written (judge.py --show);
     ``runner``: how the pytest command runs (``run_pytest``: a fresh process; ``WarmTests``: a warm one).
     """
-    tests_dir = problem.tests_dir(tests_root)
-    if not os.path.isdir(tests_dir):
-        raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
-    if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
-        raise UsageError(f"no test_*.py files in {tests_dir}")
+    tests_dir = _checked_tests_dir(problem, tests_root)
+    added = _checked_tests_dir(problem, add_tests) if add_tests else ""
     seed = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
     with tempfile.TemporaryDirectory(prefix="kit-judge-") as tmp:
         report = os.path.join(tmp, "report.json")
-        cmd = pytest_command(config, tests_dir, report, target=target, targets=targets, seed=seed,
-                             select=select, trace_dir=trace_dir)
+        cmd = pytest_command(config, [tests_dir] + ([added] if added else []), report, target=target,
+                             targets=targets, seed=seed, select=select, trace_dir=trace_dir)
         started = time.perf_counter()
-        done = runner(cmd, env_for_tests(), timeout, report, progress)
+        # TMPDIR inside the judge's own folder: what the test process leaves there (multiprocessing's
+        # pymp-* folders, after its group is ended) goes with that folder
+        done = runner(cmd, dict(env_for_tests(), TMPDIR=tmp), timeout, report, progress)
         elapsed = time.perf_counter() - started
         if not os.path.exists(report):
             raise InternalError(f"the test run for problem {problem.number} produced no report "
@@ -211,8 +220,18 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
                                 target=t.get("target"), hypothesis=t.get("hypothesis") or "",
-                                location=t.get("location"), drawing=t.get("drawing")))
-    return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout)
+                                location=t.get("location"), drawing=t.get("drawing"), file=t.get("file") or ""))
+    return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout,
+                   added)
+
+
+def _checked_tests_dir(problem: Problem, tests_root: str | None) -> str:
+    tests_dir = problem.tests_dir(tests_root)
+    if not os.path.isdir(tests_dir):
+        raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
+    if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
+        raise UsageError(f"no test_*.py files in {tests_dir}")
+    return tests_dir
 
 
 def _tail(text: str, lines: int = 25) -> str:

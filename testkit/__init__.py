@@ -4,7 +4,8 @@
     testkit.strategies   hypothesis strategies that lean towards the cases that expose classic bugs
     testkit.groups       member_group / contiguous_groups: process groups inside a rank function
     testkit.flat_shards  the flat, padded ZeRO / FSDP partition and the costs that follow from it
-    testkit.siblings     import_siblings: a problem folder's own helper modules, by name, here and on the ranks
+    testkit.siblings     import_siblings, import_oracles: a problem's own helper modules (beside its tests, or its
+                         oracles under tests/oracles/), by name, here and on the ranks
 
 This is the layer between the engine and the problems: it imports only the engine's
 public API (``harness.<name>``, the names ``harness/__init__.py`` exports), never one of

@@ -18,6 +18,19 @@ def judge(tmp_path):
     return run
 
 
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` (each test gives its own KIT_STATE_DIR)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 class ProblemWithPracticeFile:
     """A catalogue problem whose practice file is somewhere else (tests never edit practice/)."""
 
