@@ -14,7 +14,7 @@ import time
 
 from . import catalogue, report, show, stubs
 from .config import PROFILES, KitConfig
-from .grade import STATUSES, common_failures, find_submissions, grade
+from .grade import common_failures, find_submissions, grade
 from .judging import InternalError, JudgeStopped, UsageError, env_for_tests, judge_once
 from .live import live
 from .progress import Progress, next_problem, status_of
@@ -429,13 +429,15 @@ def cmd_selfcheck(problems, args) -> int:
         for col in ("problem", "target", "", "detail"):
             table.add_column(col, overflow="fold")
         for r in rows:
-            verdict = (Text("skip", style="yellow") if r.get("skipped") else Text("info", style="cyan")
-                       if r.get("info") else Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"))
+            verdict = (Text("skip", style="yellow") if r.get("skipped") else
+                       Text("info", style="cyan") if r.get("info") else
+                       Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"))
             table.add_row(str(r["problem"]), r["target"], verdict, r["detail"])
         con.print(table)
         bad = [r for r in rows if not r["ok"]]
         checks = [r for r in rows if not r.get("info")]
-        con.print(Text(f"{len(checks) - len(bad)} of {len(checks)} checks as expected", style="red" if bad else "green"))
+        con.print(Text(f"{len(checks) - len(bad)} of {len(checks)} checks as expected",
+                       style="red" if bad else "green"))
         if tests_root:
             con.print(Text(selfcheck_summary(tests_root, rows), style="red" if bad else "green"))
     return EXIT_FAIL if any(not r["ok"] for r in rows) else EXIT_PASS
@@ -497,7 +499,8 @@ def cmd_grade(problems, args) -> int:
         con.print(f"interrupted: wrote {args.out} and {json_out}, with {len(book.results) - unfinished} of "
                   f"{len(book.results)} students judged and {unfinished} marked interrupted")
         return EXIT_INTERRUPTED
-    con.print(f"wrote {args.out} and {json_out}" + (f" ({len(skipped)} entries skipped, listed above)" if skipped else ""))
+    con.print(f"wrote {args.out} and {json_out}" + (f" ({len(skipped)} entries skipped, listed above)" if skipped
+                                                     else ""))
     return EXIT_PASS
 
 

@@ -103,8 +103,8 @@ def _submission(entry: str, path: str, wanted: str) -> tuple[str, str | None, st
     if not files:
         return entry, None, "a folder with no .py file in it"
     listed = ", ".join(os.path.relpath(f, path) for f in files[:6]) + (", …" if len(files) > 6 else "")
-    return entry, None, (f"a folder with {len(files)} .py files, "
-                         + (f"{len(named)} of them named {wanted}" if named else f"none named {wanted}") + f": {listed}")
+    which = f"{len(named)} of them named {wanted}" if named else f"none named {wanted}"
+    return entry, None, f"a folder with {len(files)} .py files, {which}: {listed}"
 
 
 def _ignored(folder: str) -> bool:

@@ -198,9 +198,7 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
         cmd = pytest_command(config, [tests_dir] + ([added] if added else []), report, target=target,
                              targets=targets, seed=seed, select=select, trace_dir=trace_dir)
         started = time.perf_counter()
-        # TMPDIR inside the judge's own folder: what the test process leaves there (multiprocessing's
-        # pymp-* folders, after its group is ended) goes with that folder
-        done = runner(cmd, dict(env_for_tests(), TMPDIR=tmp), timeout, report, progress)
+        done = runner(cmd, _tmpdir_inside(env_for_tests(), tmp), timeout, report, progress)
         elapsed = time.perf_counter() - started
         if not os.path.exists(report):
             raise InternalError(f"the test run for problem {problem.number} produced no report "
@@ -223,6 +221,13 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
                                 location=t.get("location"), drawing=t.get("drawing"), file=t.get("file") or ""))
     return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout,
                    added)
+
+
+def _tmpdir_inside(env: dict, folder: str) -> dict:
+    """TMPDIR inside the judge's own folder, so what the test process leaves there once its group is ended
+    (multiprocessing's pymp-* folders) goes with that folder; unless that path is too long for the forkserver's
+    socket under it (pymp-*/listener-*: a Unix socket path has at most 107 bytes)."""
+    return dict(env, TMPDIR=folder) if len(folder) <= 60 else env
 
 
 def _checked_tests_dir(problem: Problem, tests_root: str | None) -> str:

@@ -29,7 +29,8 @@ class WarmTests:
         read_fd, self.progress_fd = os.pipe()
         # its TMPDIR is a folder of ours, removed with the process: nothing it leaves behind outlives it
         self.tmp = tempfile.mkdtemp(prefix="kit-warm-")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kit.server"], cwd=ROOT, env=dict(self.env, TMPDIR=self.tmp),
+        self.proc = subprocess.Popen([sys.executable, "-m", "kit.server"], cwd=ROOT,
+                                     env=dict(self.env, TMPDIR=self.tmp),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True, pass_fds=(self.progress_fd,))
         output = self.output = []

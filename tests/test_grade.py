@@ -30,7 +30,8 @@ HANGING = _with("    def finish_gradient_sync(self):\n",
 CRASHING = _with("        self.module = module\n",
                  "        self.module = module\n        if dist.get_rank() == 1:\n            import os; os._exit(7)\n")
 # a shape off by a huge factor: the allocation is refused at once, whatever the machine's load
-MEMORY_HOG = _with("        self.module = module\n", "        self.module = module\n        self._hog = torch.ones(2**48)\n")
+MEMORY_HOG = _with("        self.module = module\n",
+                   "        self.module = module\n        self._hog = torch.ones(2**48)\n")
 IMPORT_CRASH = _with("import torch\n", "import torch\nraise RuntimeError('config.yaml not found')\n")
 WRONG = _with("            flat /= world\n", "")
 # synchronous all-reduce in the hook, plus a patch that hides the waits from the tracer
@@ -121,6 +122,52 @@ def test_the_gradebook_columns_follow_the_statement_and_unfinished_students_have
     assert rows[2][:4] == ["bob", "", "16", "interrupted"] and set(rows[2][4:-1]) == {""}
     assert json.loads((tmp_path / "grades.json").read_text())["skipped"] == [{"entry": "x.txt",
                                                                               "why": "not a .py file"}]
+
+
+def test_a_failure_s_kind_tells_memory_and_a_machine_fault_from_a_crash():
+    """#30: a memory hog was explained differently depending on the machine's load.  The harness's watchdog and an
+    allocation the kernel refuses (a per-rank data limit) are both "memory"; ranks that never started (e.g.
+    multiprocessing's intermittent "EOFError: Ran out of input" under load) are the kit's fault, not a crash."""
+    from harness import errors
+    from kit import failures
+    cases = [
+        (errors.RankCrashed("rank 1 used 3.02 GB (limit 3 GB): the harness ended it.", 1, -9, ""), "memory"),
+        (errors.RankError(0, "RuntimeError", "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                          "can't allocate memory: you tried to allocate 1099511627776 bytes.", []), "memory"),
+        (errors.RankError(0, "MemoryError", "", []), "memory"),
+        (errors.RankCrashed("rank 0 failed to start: it exited with code 1", 0, 1, ""), "internal error"),
+        (EOFError("Ran out of input"), "internal error"),
+        (errors.RankCrashed("rank 1 was killed by signal 11 (SIGSEGV)", 1, -11, ""), "crash"),
+        (errors.RankError(0, "ValueError", "bad shape", []), "RankError"),
+    ]
+    for exc, kind in cases:
+        assert failures.explain(exc)[0] == kind, (exc, failures.explain(exc))
+
+
+class _Bar:
+    def __init__(self):
+        self.total, self.completed = None, 0
+
+    def update(self, task, total=None):
+        self.total = total
+
+    def advance(self, task, n=1):
+        self.completed += n
+
+
+def test_the_grade_bar_moves_with_each_finished_test():
+    """#30: the grade progress bar froze for about 2.5 minutes: it moved once per student."""
+    from kit.cli import GradeProgress
+    bar = _Bar()
+    tests = GradeProgress(bar, None, students=2)
+    tests.event("alice", {"event": "collected", "count": 3})
+    assert bar.total == 6
+    for _ in range(2):
+        tests.event("alice", {"event": "end"})
+    assert bar.completed == 2
+    tests.finished("alice")   # its third test never ended (a timeout): it still counts as done
+    tests.finished("bob")     # bob never collected (stopped before): nothing to add
+    assert bar.completed == 3
 
 
 # four of 113's tests, listed alphabetically unlike the statement: 11 points

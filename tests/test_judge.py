@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import shutil
+import tempfile
 
 import pytest
 
@@ -79,9 +81,13 @@ def test_a_deadlock_fails_in_seconds_with_the_hang_report(judge, tmp_path):
         "    def finish_gradient_sync(self):\n",
         "    def finish_gradient_sync(self):\n        if dist.get_rank() == 0 and dist.get_world_size() > 1:\n"
         "            dist.barrier()\n"))
+    tmp = tempfile.mkdtemp(prefix="kit-test-")   # short: the forkserver's socket lives under it
     out = judge(113, "--target", hanging, "--profile", "quick", "--seed", 2, "-k", "frozen or buckets_follow",
-                "--format", "json")
+                "--format", "json", env={"TMPDIR": tmp})
     assert out.returncode == 1
+    left = os.listdir(tmp)
+    shutil.rmtree(tmp)
+    assert not left, f"#30: left in TMPDIR after a hang: {left}"
     tests = {t["name"]: t for t in json.loads(out.stdout)["tests"]}
     first, later = tests["test_buckets_follow_make_buckets"], tests["test_frozen_parameters_never_communicated"]
     assert first["kind"] == later["kind"] == "hang"

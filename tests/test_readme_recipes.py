@@ -6,9 +6,8 @@ import shutil
 import subprocess
 import sys
 
-from tests.judge_helpers import ROOT, with_make_buckets, BUGGY_MAKE_BUCKETS
+from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, fresh_kit, with_make_buckets
 
-_NOT_COPIED = {".git", ".venv", ".hypothesis", ".kit", ".ci", "__pycache__", "dist_practice_kit.egg-info"}
 REFERENCE = os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")
 
 
@@ -18,11 +17,6 @@ def readme_block(marker: str) -> str:
     blocks = [b for b in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.M | re.S) if marker in b]
     assert len(blocks) == 1, f"{len(blocks)} README blocks contain {marker!r}"
     return blocks[0]
-
-
-def _fresh_kit(where):
-    shutil.copytree(ROOT, where, ignore=lambda folder, names: [n for n in names if n in _NOT_COPIED])
-    return where
 
 
 def _env(kit, **extra):
@@ -36,7 +30,7 @@ def _env(kit, **extra):
 def test_the_instructor_recipe_for_a_hidden_test_set_says_the_set_is_valid(tmp_path):
     """#24: the README's own hidden test, run as the README says, gave "2 of 13 checks as expected": every
     known-wrong version was a SURPRISE, since the test it names is not in the hidden set."""
-    kit = _fresh_kit(tmp_path / "kit")
+    kit = fresh_kit(tmp_path / "kit")
     shutil.copy(REFERENCE, kit / "alice.py")   # the recipe's last line judges alice.py
     recipe = readme_block("mkdir -p hidden/113_ddp_buckets")
     out = subprocess.run(["bash", "-e", "-c", recipe], cwd=kit, env=_env(kit), capture_output=True, text=True,
@@ -55,7 +49,7 @@ def test_the_gradescope_autograder_as_written_scores_a_correct_a_wrong_and_a_mis
     setup = readme_block("# setup.sh")
     assert setup.startswith("#!/usr/bin/env bash\n")
     root = tmp_path / "autograder"
-    kit = _fresh_kit(root / "kit")
+    kit = fresh_kit(root / "kit")
     hidden = kit / "hidden" / "113_ddp_buckets"
     hidden.mkdir(parents=True)
     (hidden / "test_hidden.py").write_text(

@@ -2,8 +2,9 @@
 
 Learner code runs only on the ranks (``harness.run``; the pure functions on one rank).  The statement's
 rules (virtual stages, the canonical order, timing any schedule) live in ``virtual_stages.py``, an oracle in
-tests/oracles/ (conftest.py imports it), and run here, in the test process, in exact fractions; what the real run sent comes from the
-harness's trace.  Each rank receives only its own chunks and what its role needs (``harness.per_rank``).
+tests/oracles/ (conftest.py imports it), and run here, in the test process, in exact fractions; what the real
+run sent comes from the harness's trace.  Each rank receives only its own chunks and what its role needs
+(``harness.per_rank``).
 """
 import contextlib
 import math
