@@ -231,7 +231,10 @@ def _tmpdir_inside(env: dict, folder: str) -> dict:
 
 
 def _checked_tests_dir(problem: Problem, tests_root: str | None) -> str:
+    """The problem's folder of a test set: ``<number>_<slug>``, or just ``<number>`` in an instructor's set."""
     tests_dir = problem.tests_dir(tests_root)
+    if tests_root and not os.path.isdir(tests_dir) and os.path.isdir(os.path.join(tests_root, str(problem.number))):
+        tests_dir = os.path.join(tests_root, str(problem.number))
     if not os.path.isdir(tests_dir):
         raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
     if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):

@@ -1,10 +1,12 @@
 """What a learner's folder holds: the stub, the statement, the public tests and helpers that are no answers."""
 import ast
+import json
 import os
 
 import pytest
 
 from kit import catalogue
+from tests.judge_helpers import judge  # noqa: F401  (fixture)
 
 PROBLEMS = catalogue.load()
 
@@ -41,3 +43,20 @@ def test_no_helper_in_a_learners_folder_defines_what_the_reference_defines(numbe
         shared = sorted(defined_names(path, methods=False) & reference)
         assert not shared, (f"{os.path.relpath(path)} defines {', '.join(shared)}, as the reference does: "
                             "move it to tests/oracles/ (testkit.siblings.import_oracles)")
+
+
+@pytest.mark.parametrize("folder", ["125_checkpoint_resume", "125"])
+def test_a_hidden_test_set_uses_the_oracles_the_public_tests_use(judge, tmp_path, folder):
+    """#30: with the oracles out of practice/, a hidden set laid out like practice/ still gets them, by the same
+    conftest.py line as the public tests."""
+    hidden = tmp_path / "hidden" / folder
+    hidden.mkdir(parents=True)
+    (hidden / "conftest.py").write_text("from testkit.siblings import import_oracles\n\n"
+                                        "import_oracles(__file__, 'ckpt_data')\n")
+    (hidden / "test_hidden.py").write_text(
+        "import harness\nfrom ckpt_data import epoch_batches\n\n"
+        "def test_the_statements_worked_example(target):\n"
+        "    harness.check(epoch_batches(7, 3, 5, 4) == (1, [3, 0, 6]), 'step 4 of the worked example')\n")
+    out = judge(125, "--solution", "--tests", tmp_path / "hidden", "--format", "json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [t["outcome"] for t in json.loads(out.stdout)["tests"]] == ["passed"]
