@@ -6,6 +6,7 @@
     python judge.py 113 --solution       judge the reference
     python judge.py 113 --target F.py    judge any file (a student's, a known-wrong version)
     python judge.py 113 --tests DIR      use another test set laid out like practice/ (hidden tests)
+    python judge.py 113 --add-tests DIR  the public tests and another test set, together
     python judge.py 113 --hint           show the next hint
     python judge.py 113 --watch          re-judge on every save: the score and the first failure
     python judge.py 113 --reset          restore the stub (your file is backed up)
@@ -14,7 +15,7 @@
     python judge.py 113 --verbose        also show hypothesis's own output under each failure
     python judge.py 113 --backend nccl   run the ranks on NCCL, one GPU each (gloo on the CPU by default)
     python judge.py selfcheck [N ...]    reference passes, stub scores 0, every known-wrong version fails
-    python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions
+    python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions (a status per student)
 
 Exit codes: 0 all passed, 1 some failed, 2 interrupted, 3 internal error, 4 usage error.
 """

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 
 from . import catalogue, report, show, stubs
 from .config import PROFILES, KitConfig
@@ -13,7 +17,7 @@ from harness import protections_here
 
 from .channel import scratch
 from .grade import common_failures, find_submissions, grade
-from .judging import InternalError, UsageError, env_for_tests, judge_once
+from .judging import InternalError, JudgeStopped, UsageError, env_for_tests, judge_once
 from .live import live
 from .progress import Progress, next_problem, status_of
 from .selfcheck import selfcheck_problem
@@ -39,7 +43,12 @@ def parser(doc: str) -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--solution", action="store_true", help="judge the reference in solutions/")
     which.add_argument("--target", metavar="FILE", help="judge this file instead of practice/")
-    p.add_argument("--tests", metavar="DIR", help="test set laid out like practice/ (e.g. hidden tests)")
+    p.add_argument("--tests", metavar="DIR", help="judge against this test set laid out like practice/ "
+                                                  "(e.g. hidden tests) instead of the public tests")
+    p.add_argument("--add-tests", metavar="DIR", help="judge against the public tests and this test set too")
+    p.add_argument("--visibility", choices=report.VISIBILITIES, default="after_published",
+                   help="gradescope: when students see the tests of --tests / --add-tests (default "
+                        "after_published; the public tests are always visible)")
     p.add_argument("--seed", type=int, help="hypothesis seed (printed with every run, for replay)")
     p.add_argument("--profile", choices=list(PROFILES), default=None,
                    help="examples per property: about 10, 50, 500 (default: default, or KIT_PROFILE)")
@@ -57,8 +66,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
                    help="write a timeline as Chrome trace-event JSON: a failing test's failing case, else a passing one")
     p.add_argument("--show", action="store_true", help="draw that timeline in the terminal")
     p.add_argument("--out", metavar="CSV", help="grade: where to write the gradebook (CSV, plus JSON beside it)")
-    p.add_argument("--jobs", type=int, help="grade: submissions judged in parallel (default: CPU cores)")
-    p.add_argument("--timeout", type=float, default=600, help="grade: seconds per submission")
+    p.add_argument("--jobs", type=_at_least_one, help="grade: submissions judged in parallel (default: CPU cores)")
+    p.add_argument("--timeout", type=_positive, default=600, help="grade: seconds per submission")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also show hypothesis's own output under each failure")
     p.add_argument("--no-landlock", action="store_true",
@@ -70,6 +79,20 @@ def parser(doc: str) -> argparse.ArgumentParser:
                    help="selfcheck: the reference also runs under the device audit (tensors on harness.device())")
     p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
 
 
 def config_of(args, profile: str | None = None) -> KitConfig:
@@ -92,7 +115,8 @@ def main(doc: str, argv=None) -> int:
         print(f"problems.yaml: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _dispatch(problems, args)
+        with _sigterm_as_interrupt():
+            return _dispatch(problems, args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -102,6 +126,23 @@ def main(doc: str, argv=None) -> int:
     except InternalError as e:
         print(f"internal error: {e}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (what ``timeout`` and Gradescope send) ends a run as Ctrl-C does: the judges it started
+    are ended, what there is gets written, and the exit code says "interrupted" (2)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:   # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _dispatch(problems, args) -> int:
@@ -115,6 +156,8 @@ def _dispatch(problems, args) -> int:
         return cmd_grade(problems, args)
     if args.rest:
         raise UsageError(f"unexpected arguments: {' '.join(args.rest)}")
+    for option in ("output", "trace"):
+        _writable(getattr(args, option), f"--{option}")
     problem = _problem(problems, args.problem)
     _check_backend([problem], config_of(args))
     if args.hint:
@@ -155,34 +198,68 @@ def _problem(problems: dict, text: str):
     return problems[int(text)]
 
 
-def _target(problem, args) -> tuple[str, list]:
-    """(path, the judge.py arguments that select it again, for replay commands)."""
+def _writable(path: str | None, option: str):
+    """A file to write: its folder must exist (one line and exit 4, not a traceback)."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if path and os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a folder: name a file to write")
+
+
+def _target(problem, args, scored: bool = False) -> tuple[str, list]:
+    """(path, the judge.py arguments that select it again, for replay commands).  ``scored`` (json,
+    gradescope): a missing file is judged anyway, so the report has its score, 0, and the reason."""
     if args.solution:
         return problem.solution_file(), ["--solution"]
     if args.target:
         path = os.path.abspath(args.target)
-        if not os.path.isfile(path):
+        if os.path.isdir(path) and not scored:
+            inside = os.path.join(args.target, problem.file)
+            raise UsageError(f"--target names a folder, not a file: {args.target}" +
+                             (f" (did you mean {inside}?)" if os.path.isfile(inside) else
+                              f" (problem {problem.number}'s file is {problem.file})"))
+        if not os.path.isfile(path) and not scored:
             raise UsageError(f"target file not found: {args.target}")
         return path, ["--target", args.target]
     return problem.practice_file(), []
 
 
+def missing_submission(problem, path: str) -> str:
+    """Why a submission scores 0 before any test runs: no such file, and what the upload holds instead."""
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        return f"No submission: {path} is a folder. Submit the file {problem.file}."
+    if not os.path.isdir(folder):
+        return f"No submission: {path} does not exist. Submit the file {problem.file}."
+    held = sorted(os.listdir(folder))
+    return (f"No submission: there is no {os.path.basename(path)} in what was submitted "
+            + (f"({', '.join(held[:10])}{', …' if len(held) > 10 else ''})" if held else "(nothing)")
+            + f". Submit the file {problem.file}, named exactly so; every test scores 0.")
+
+
 def _validate(problem, path, scored: bool = False):
     """A file that cannot be used is a usage error in plain words.  ``scored`` (json, gradescope):
-    an existing file that fails to load is judged anyway, every test failing with "load error",
+    a file that fails to load, or is missing, is judged anyway, every test failing with "load error",
     so the report still has its score, its maximum and the reason."""
     from harness import Target, TargetError
     try:
         Target(path, problem.names).validate()
     except TargetError as e:
-        if not (scored and os.path.isfile(path)):
+        if not scored:
             raise UsageError(str(e)) from None
 
 
 def _tests_root(args) -> str | None:
-    if args.tests and not os.path.isdir(args.tests):
-        raise UsageError(f"--tests: folder not found: {args.tests}")
+    for option, folder in (("--tests", args.tests), ("--add-tests", args.add_tests)):
+        if folder and not os.path.isdir(folder):
+            raise UsageError(f"{option}: folder not found: {folder}")
     return args.tests
+
+
+def _test_set_args(args) -> list:
+    """The judge.py arguments that select this run's test sets again (for rerun commands)."""
+    return (["--tests", args.tests] if args.tests else []) + (["--add-tests", args.add_tests] if args.add_tests else [])
 
 
 def _no_tests(verdict, args) -> UsageError:
@@ -190,25 +267,27 @@ def _no_tests(verdict, args) -> UsageError:
 
 
 def cmd_judge(problem, args) -> int:
-    path, target_args = _target(problem, args)
-    _validate(problem, path, scored=args.format != "text")
+    scored = args.format != "text"
+    path, target_args = _target(problem, args, scored=scored)
+    _validate(problem, path, scored=scored)
     tests_root = _tests_root(args)
     with live(args, f"judging {problem.number}") as bar:
-        verdict = judge_once(problem, path, config_of(args), tests_root=tests_root, seed=args.seed,
-                             select=args.select, progress=bar if bar.enabled else None)
+        verdict = judge_once(problem, path, config_of(args), tests_root=tests_root, add_tests=args.add_tests,
+                             seed=args.seed, select=args.select, progress=bar if bar.enabled else None)
     if not verdict.tests:
         raise _no_tests(verdict, args)
     if args.sealed and not verdict.protections.get("sealed"):
         raise InternalError("--sealed: the ranks of this run were not sealed in: "
                             + "; ".join(verdict.protections.get("missing") or ["no rank reported"]))
-    if tests_root:
-        target_args = target_args + ["--tests", tests_root]
+    target_args = target_args + _test_set_args(args)
     if args.format == "text" and not args.output:
-        report.render_text(verdict, target_args, brief=args.brief, verbose=args.verbose)
+        report.render_text(verdict, target_args, brief=args.brief, verbose=args.verbose, select=args.select)
     else:
-        report.write(verdict, args.format, args.output, target_args, verbose=args.verbose)
+        report.write(verdict, args.format, args.output, target_args, verbose=args.verbose,
+                     hidden_visibility=args.visibility,
+                     note="" if os.path.isfile(path) else missing_submission(problem, path))
     # Progress is the score of a complete run of the learner's own file on the public tests.
-    if path == problem.practice_file() and not args.select and not tests_root:
+    if path == problem.practice_file() and not args.select and not tests_root and not args.add_tests:
         Progress(KitConfig().state_dir).record_result(problem, verdict.score, verdict.max_score, verdict.all_passed)
     return EXIT_PASS if verdict.all_passed else EXIT_FAIL
 
@@ -247,28 +326,34 @@ def cmd_hint(problem) -> int:
 
 
 def cmd_watch(problem, args) -> int:
-    """Judge now and after every save, in one warm test process: the first failing property and the score."""
+    """Judge now and after every save, in one warm test process: the first failing property and the score.
+
+    Each judge sees a copy of the file as saved (kit.watch), and a newer save abandons it for the newer one.
+    """
     path, target_args = _target(problem, args)
     tests_root = _tests_root(args)
     config = config_of(args, profile=args.profile or "quick")
     tests = WarmTests(env_for_tests())
     print(f"watching {os.path.relpath(path)}: save it to re-judge; Ctrl-C to stop", flush=True)
 
-    def rejudge():
-        print("\n" + "─" * 60, flush=True)
+    def rejudge(copy: str, stop):
+        print("\n" + "─" * 60 + f"\njudging your save of {time.strftime('%H:%M:%S')} …", flush=True)
         try:
-            _validate(problem, path)
-            verdict = judge_once(problem, path, config, tests_root=tests_root, select=args.select, runner=tests)
+            _validate(problem, copy)
+            verdict = judge_once(problem, copy, config, tests_root=tests_root, add_tests=args.add_tests,
+                                 select=args.select, runner=functools.partial(tests, stop=stop))
+        except JudgeStopped:
+            return   # a newer save (or Ctrl-C): watch says which
         except (UsageError, InternalError) as e:   # a syntax error, a missing name: say so, keep watching
-            print(f"error: {e}", flush=True)
+            print(f"error: {str(e).replace(copy, path)}", flush=True)
             return
-        report.render_text(verdict, target_args + (["--tests", tests_root] if tests_root else []), brief=True)
-        if path == problem.practice_file() and not args.select and not tests_root:
+        report.render_text(_as_saved(verdict, copy, path), target_args + _test_set_args(args), brief=True)
+        if path == problem.practice_file() and not args.select and not tests_root and not args.add_tests:
             Progress(KitConfig().state_dir).record_result(problem, verdict.score, verdict.max_score,
                                                           verdict.all_passed)
 
     try:
-        watch(path, rejudge)
+        watch(path, rejudge, superseded=lambda: print("a newer save arrived: judging that one instead", flush=True))
     except KeyboardInterrupt:
         print("\nstopped watching")
     finally:
@@ -276,18 +361,27 @@ def cmd_watch(problem, args) -> int:
     return EXIT_PASS
 
 
+def _as_saved(verdict, copy: str, path: str):
+    """The verdict of ``copy`` told about ``path``: the file the learner saved, not watch's copy of it."""
+    verdict.target = path
+    for t in verdict.tests:
+        t.message, t.example, t.hypothesis = (x.replace(copy, path) for x in (t.message, t.example, t.hypothesis))
+        if t.location:
+            t.location = [t.location[0].replace(copy, path), *t.location[1:]]
+    return verdict
+
+
 def cmd_trace(problem, args) -> int:
     from rich.text import Text
     path, target_args = _target(problem, args)
     _validate(problem, path)
     tests_root = _tests_root(args)
-    if tests_root:
-        target_args = target_args + ["--tests", tests_root]
+    target_args = target_args + _test_set_args(args)
     con = report.console()
     with scratch("trace-") as trace_dir:
         with live(args, f"tracing {problem.number}") as bar:
             verdict = judge_once(problem, path, config_of(args, profile="quick"), tests_root=tests_root,
-                                 seed=args.seed, select=args.select, trace_dir=trace_dir,
+                                 add_tests=args.add_tests, seed=args.seed, select=args.select, trace_dir=trace_dir,
                                  progress=bar if bar.enabled else None)
         if not verdict.tests:
             raise _no_tests(verdict, args)
@@ -355,40 +449,105 @@ def cmd_selfcheck(problems, args) -> int:
             table.add_column(col, overflow="fold")
         for r in rows:
             verdict = (Text("skip", style="yellow") if r.get("skipped") else
+                       Text("info", style="cyan") if r.get("info") else
                        Text("ok", style="green") if r["ok"] else Text("SURPRISE", style="bold red"))
             table.add_row(str(r["problem"]), r["target"], verdict, r["detail"])
         con.print(table)
         bad = [r for r in rows if not r["ok"]]
-        con.print(Text(f"{len(rows) - len(bad)} of {len(rows)} checks as expected", style="red" if bad else "green"))
+        checks = [r for r in rows if not r.get("info")]
+        con.print(Text(f"{len(checks) - len(bad)} of {len(checks)} checks as expected",
+                       style="red" if bad else "green"))
+        if tests_root:
+            con.print(Text(selfcheck_summary(tests_root, rows), style="red" if bad else "green"))
     return EXIT_FAIL if any(not r["ok"] for r in rows) else EXIT_PASS
 
 
-def cmd_grade(problems, args) -> int:
-    from rich.progress import Progress as Bar
-    from rich.table import Table
+def selfcheck_summary(tests_root: str, rows: list) -> str:
+    """What selfcheck --tests says of an instructor's test set as a whole."""
+    if any(not r["ok"] for r in rows):
+        return f"the test set in {tests_root} is NOT valid: see the SURPRISE rows"
+    info = [r for r in rows if r.get("info")]
+    return (f"the test set in {tests_root} is valid: every reference passes it and every stub fails it cleanly"
+            + (f" ({len(info)} known-wrong versions run on it, shown for information)" if info else ""))
+
+
+def _grade_args(problems, args):
     if len(args.rest) != 2 or not args.out:
         raise UsageError("usage: python judge.py grade <problem> <submissions folder> --out grades.csv")
     problem = _problem(problems, args.rest[0])
+    _writable(args.out, "--out")
     _check_backend([problem], config_of(args))
-    tests_root = _tests_root(args)
+    return problem, _tests_root(args)
+
+
+def cmd_grade(problems, args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+    problem, tests_root = _grade_args(problems, args)
     seed = args.seed if args.seed is not None else 0   # one seed for the whole class: same cases for everyone
-    count = len(find_submissions(args.rest[1], problem))
+    submissions, skipped = find_submissions(args.rest[1], problem)
     con = report.console()
-    with Bar(console=con, transient=not con.is_terminal) as bar:
-        task = bar.add_task(f"grading {count} submissions for {problem.number}", total=count)
-        results = grade(problem, args.rest[1], args.out, config_of(args), seed=seed, tests_root=tests_root,
-                        jobs=args.jobs, timeout=args.timeout, progress=lambda r: bar.advance(task))
+    for s in skipped:
+        con.print(f"skipped {s['entry']}: {s['why']}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tests"),
+               TimeElapsedColumn())
+    with Bar(*columns, console=con, transient=True, disable=not con.is_terminal) as bar:
+        task = bar.add_task(f"grading {len(submissions)} submissions for {problem.number}", total=None)
+        tests = GradeProgress(bar, task, len(submissions))
+
+        def done(row):
+            tests.finished(row["student"])
+            bar.console.print(f"graded {row['student']}: {_score(row)} ({row['status']}) in {row['elapsed']:.1f} s")
+        book = grade(problem, submissions, skipped, args.out, config_of(args), seed=seed, tests_root=tests_root,
+                     add_tests=args.add_tests, select=args.select, jobs=args.jobs, timeout=args.timeout,
+                     progress=tests.event, done=done)
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for col in ("student", "score", "status"):
+    for col in ("student", "score", "status", "reason"):
         table.add_column(col, overflow="fold")
-    for r in results:
-        max_score = r.get("max_score")
-        table.add_row(r["student"], f"{r['score']:g}/{max_score:g}" if max_score else f"{r['score']:g}", r["status"])
+    for r in book.results:
+        table.add_row(r["student"], _score(r), r["status"], r["error"].splitlines()[0] if r["error"] else "")
     con.print(table)
-    summary = common_failures(results)
+    summary = common_failures(book.results)
     if summary:
         con.print("most common failing properties:")
         for s in summary:
             con.print(f"  {s['students']} × {s['test']} ({s['kind']}): {s['example']}")
-    con.print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.json")
+    json_out = os.path.splitext(args.out)[0] + ".json"
+    if book.interrupted:
+        unfinished = sum(r["status"] == "interrupted" for r in book.results)
+        con.print(f"interrupted: wrote {args.out} and {json_out}, with {len(book.results) - unfinished} of "
+                  f"{len(book.results)} students judged and {unfinished} marked interrupted")
+        return EXIT_INTERRUPTED
+    con.print(f"wrote {args.out} and {json_out}" + (f" ({len(skipped)} entries skipped, listed above)" if skipped
+                                                     else ""))
     return EXIT_PASS
+
+
+def _score(row) -> str:
+    if row["score"] is None:
+        return "-"
+    return f"{row['score']:g}/{row['max_score']:g}" if row.get("max_score") else f"{row['score']:g}"
+
+
+class GradeProgress:
+    """The grade bar counts tests, not students: it moves as each judge finishes a test."""
+
+    def __init__(self, bar, task, students: int):
+        self.bar, self.task, self.students = bar, task, students
+        self.collected, self.ended = {}, {}
+
+    def event(self, student: str, event: dict):
+        kind = event.get("event")
+        if kind == "collected":
+            self.collected[student] = event.get("count") or 0
+            # until every judge has collected, assume the others have as many tests as this one
+            self.bar.update(self.task, total=self.students * max(self.collected.values()))
+        elif kind == "end":
+            self.ended[student] = self.ended.get(student, 0) + 1
+            self.bar.advance(self.task)
+
+    def finished(self, student: str):
+        """A judge that ended early (a timeout, a load error) still counts its tests as done."""
+        left = self.collected.get(student, 0) - self.ended.get(student, 0)
+        if left > 0:
+            self.bar.advance(self.task, left)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 import harness
 from harness import errors
 
 from .judging import NOT_IMPLEMENTED
-from .report import relative
+from .report import LOAD_ERROR, relative
 
 _KINDS = (   # most specific first
     ((errors.HangError, errors.HangStopped), "hang"),
@@ -16,11 +17,22 @@ _KINDS = (   # most specific first
     (harness.WrongType, "wrong type"),
     (harness.PropertyFailed, "property"),
     (errors.TraceTampered, "tampered"),
-    (errors.TargetError, "load error"),
+    (errors.TargetError, LOAD_ERROR),
 )
 # Failures whose message is the whole story: pytest's traceback of the test process adds nothing.
 PLAIN_WORDS = (errors.HarnessError, harness.PropertyFailed, errors.HangStopped, errors.NotImplementedYet,
                errors.TraceTampered)
+
+
+# What importing the file under test on a rank can raise: each is a load error (kit.plugin)
+IMPORT_FAILURES = (errors.RankError, errors.NotImplementedYet, errors.RankCrashed, errors.HangError,
+                   errors.HangStopped)
+# A rank that ran out of memory: the harness's watchdog ended it, or an allocation was refused
+_OVER_MEMORY = re.compile(r"used [\d.]+ GB \(limit [\d.]+ GB\)")
+_ALLOCATION_REFUSED = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory", re.I)
+# Ranks that never got as far as learner code: the machine's trouble, not the submission's
+_NOT_STARTED = re.compile(r"^rank \d+ (failed to start|did not start within)")
+INTERNAL = "internal error"
 
 
 def first_exception(exc):
@@ -43,6 +55,12 @@ def explain(exc, target_path: str | None = None) -> tuple[str, str]:
         if raised_by_stub(exc.frames, target_path):
             return NOT_IMPLEMENTED, str(exc)
         return "error", exc.render()
+    if out_of_memory(exc):
+        return "memory", str(exc)
+    if isinstance(exc, EOFError) or isinstance(exc, errors.RankCrashed) and _NOT_STARTED.match(str(exc)):
+        # e.g. multiprocessing's "EOFError: Ran out of input" when a loaded machine loses a rank being started
+        return INTERNAL, (f"the harness could not start the ranks ({type(exc).__name__}: {exc}); this is not "
+                          "the code under test, which had not run yet: run the judge again")
     for classes, kind in _KINDS:
         if isinstance(exc, classes):
             return kind, str(exc)
@@ -51,6 +69,51 @@ def explain(exc, target_path: str | None = None) -> tuple[str, str]:
     if isinstance(exc, AssertionError):
         return "property", str(exc) or "assertion failed"
     return "error", f"{type(exc).__name__}: {exc}" + _where_in_tests(exc)
+
+
+def out_of_memory(exc) -> bool:
+    """A rank ended for its memory: by the harness's watchdog (RankCrashed), or by an allocation the
+    kernel refused (a per-rank data limit: MemoryError, or torch's "can't allocate memory")."""
+    if isinstance(exc, errors.RankCrashed):
+        return bool(_OVER_MEMORY.search(str(exc)))
+    if isinstance(exc, errors.RankError):
+        return exc.exc_type in ("MemoryError", "OutOfMemoryError") or bool(_ALLOCATION_REFUSED.search(exc.exc_message))
+    return False
+
+
+def import_failure(path: str, exc) -> str:
+    """Why importing the file under test failed on a rank, in one message: what it raised, and where."""
+    if isinstance(exc, errors.HangStopped):
+        exc = exc.hang
+    if isinstance(exc, errors.HangError):
+        return f"importing {path} did not finish within {exc.timeout:g} s: " + "; ".join(
+            f"rank {r} at {where}" for r, where in sorted(exc.where.items()))
+    if isinstance(exc, errors.RankCrashed):
+        return f"importing {path} killed the rank: {str(exc).strip()}"
+    message = f"importing {path} raised {exc.exc_type}: {exc.exc_message}"
+    mine = [f for f in exc.frames if os.path.basename(f[0]) == os.path.basename(path)]
+    if mine:
+        file, line, _, source = mine[-1]
+        message += f"\n  at {os.path.basename(file)}:{line}" + (f": {source}" if source else "")
+    return message
+
+
+def shortened_limit(budget: float, time_limit: float) -> str:
+    return (f"\n  (this call had {budget:g} s, not the problem's {time_limit:g} s: an earlier test of the same "
+            "code hung, so later ones are given less time)")
+
+
+def remember_case(exc: BaseException, case: str) -> None:
+    """Keep the case on the exception it raised: with several distinct failures, hypothesis reports each
+    one's own exception, so each shows its own case (not the last one drawn)."""
+    try:
+        exc._kit_case = case
+    except AttributeError:
+        pass
+
+
+def case_remembered(exc) -> str:
+    return getattr(exc, "_kit_case", "") or ""
 
 
 def _where_in_tests(exc) -> str:

@@ -24,6 +24,10 @@ from .config import ROOT, KitConfig
 NOT_IMPLEMENTED = "not implemented"   # the kind of a failure that stopped at the stub's own NotImplementedError
 
 
+class JudgeStopped(KeyboardInterrupt):
+    """The test run was stopped on purpose (its ``stop`` event: grade interrupted, --watch saw a newer save)."""
+
+
 class UsageError(Exception):
     """Bad input from the person at the keyboard (exit code 4)."""
 
@@ -50,6 +54,7 @@ class TestResult:
     hypothesis: str = ""       # hypothesis's own notes and advice (judge.py --verbose)
     location: list | None = None   # [file, line, function] of a stub's own NotImplementedError
     drawing: str | None = None     # text the test recorded with record_property("drawing", ...) (--show)
+    file: str = ""                 # the test file it came from (which test set: public or added)
 
     @property
     def passed(self) -> bool:
@@ -67,6 +72,7 @@ class Verdict:
     elapsed: float = 0.0
     tests_dir: str = ""
     stderr: str = ""
+    added_tests_dir: str = ""   # a test set judged on top of tests_dir (--add-tests)
     protections: dict = field(default_factory=dict)   # what confined the ranks, as the engine reported it
 
     @property
@@ -85,10 +91,10 @@ class Verdict:
         return [t for t in self.tests if not t.passed]
 
 
-def pytest_command(config: KitConfig, tests_dir: str, *, target: str | None = None,
+def pytest_command(config: KitConfig, tests_dirs: list, *, target: str | None = None,
                    targets: list | None = None, seed: int | None = None, select: str | None = None,
                    trace_dir: str | None = None) -> list:
-    cmd = [sys.executable, "-m", "pytest", tests_dir, "-p", "kit.plugin",
+    cmd = [sys.executable, "-m", "pytest", *tests_dirs, "-p", "kit.plugin",
            "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"),
            "-q", "--no-header", "-rN", "--tb=no", "-p", "no:cacheprovider", *config.pytest_args()]
     if targets is not None:
@@ -112,8 +118,8 @@ class Run:
     report: dict | None
 
 
-def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> Run:
-    """Run in its own process group, so a timeout or Ctrl-C takes every rank down with it.
+def run_pytest(cmd: list, env: dict, timeout: float, progress=None, stop: threading.Event | None = None) -> Run:
+    """Run in its own process group, so a timeout, Ctrl-C or ``stop`` takes every rank down with it.
 
     The verdict arrives on the events pipe (``channel``), last thing in the session; the process
     group is then ended at once, instead of waiting about 2 s for pytest, the forkserver and the
@@ -124,16 +130,15 @@ def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> Run:
     events, lifeline = Events(progress), Lifeline()
     cmd = cmd + events.args() + lifeline.args(timeout + _GRACE)
     with scratch("r") as tmp:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_tmpdir_inside(env, tmp), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 pass_fds=(events.write_fd, lifeline.read_fd))
         events.started()
         lifeline.started()
         reader = _thread(_read_output, proc.stdout, output := [])
         try:
-            if not events.arrived.wait(timeout):
-                raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
-        finally:   # also on Ctrl-C and on a timeout
+            wait_for_report(events, timeout, stop)
+        finally:   # also on Ctrl-C, a stop and a timeout
             kill_group(proc)
             lifeline.cut()
             reader.join(timeout=2)
@@ -142,6 +147,24 @@ def run_pytest(cmd: list, env: dict, timeout: float, progress=None) -> Run:
 
 
 _GRACE = 5.0   # the test process's own deadline is the judge's, a little later: the judge says why first
+
+
+def _tmpdir_inside(env: dict, folder: str) -> dict:
+    """TMPDIR inside the judge's own folder, so what the test process leaves there once its group is ended
+    (multiprocessing's pymp-* folders) goes with that folder; unless that path is too long for the forkserver's
+    socket under it (pymp-*/listener-*: a Unix socket path has at most 107 bytes)."""
+    return dict(env, TMPDIR=folder) if len(folder) <= 60 else env
+
+
+def wait_for_report(events: Events, timeout: float, stop: threading.Event | None):
+    """Until the report arrives (or the test process is gone); JudgeTimeout past ``timeout``, JudgeStopped
+    once ``stop`` is set."""
+    deadline = time.monotonic() + timeout
+    while not events.arrived.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+        if stop is not None and stop.is_set():
+            raise JudgeStopped("the test run was stopped")
+        if time.monotonic() > deadline:
+            raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
 
 
 def _thread(target, *args) -> threading.Thread:
@@ -169,23 +192,21 @@ def env_for_tests() -> dict:
 
 
 def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: str | None = None,
-               seed: int | None = None, select: str | None = None,
+               add_tests: str | None = None, seed: int | None = None, select: str | None = None,
                targets: list | None = None, timeout: float = 1800, progress=None,
                trace_dir: str | None = None, runner=run_pytest) -> Verdict:
     """Run one problem's tests on ``target`` (or ``targets``) in a test process and score them.
 
-    ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
+    ``tests_root``: a test set laid out like practice/ instead of the public tests; ``add_tests``: one judged
+    with them.  ``config``: profile, shrinking, backend, verbosity; ``progress``: a callback for live progress
     events; ``trace_dir``: where each test's last traced call is written (judge.py --show);
     ``runner``: how the pytest command runs (``run_pytest``: a fresh process; ``WarmTests``: a warm one).
     """
-    tests_dir = problem.tests_dir(tests_root)
-    if not os.path.isdir(tests_dir):
-        raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
-    if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
-        raise UsageError(f"no test_*.py files in {tests_dir}")
+    tests_dir = _checked_tests_dir(problem, tests_root)
+    added = _checked_tests_dir(problem, add_tests) if add_tests else ""
     seed = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
-    cmd = pytest_command(config, tests_dir, target=target, targets=targets, seed=seed, select=select,
-                         trace_dir=trace_dir)
+    cmd = pytest_command(config, [tests_dir] + ([added] if added else []), target=target, targets=targets,
+                         seed=seed, select=select, trace_dir=trace_dir)
     started = time.perf_counter()
     done = runner(cmd, env_for_tests(), timeout, progress)
     elapsed = time.perf_counter() - started
@@ -199,7 +220,7 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
                             f"{_tail(done.stdout)}")
     if done.returncode == 2 and "error" in done.stdout.lower() and "collect" in done.stdout.lower():
         raise InternalError(f"the tests in {tests_dir} failed to import:\n{_tail(done.stdout)}")
-    listed = _listed_tests(problem, tests_dir, tests_root)
+    listed = _listed_tests(problem, tests_dir, tests_root) | (test_names_in(added) if added else set())
     _check_report_names(problem, listed, data["tests"], whole=not select)
     tests = []
     for t in data["tests"]:
@@ -208,9 +229,9 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
                                 target=t.get("target"), hypothesis=t.get("hypothesis") or "",
-                                location=t.get("location"), drawing=t.get("drawing")))
+                                location=t.get("location"), drawing=t.get("drawing"), file=t.get("file") or ""))
     return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout,
-                   protections=data.get("protections") or {})
+                   added, protections=data.get("protections") or {})
 
 
 def _listed_tests(problem: Problem, tests_dir: str, tests_root: str | None) -> set:
@@ -242,3 +263,15 @@ def _check_report_names(problem: Problem, listed: set, reported: list, whole: bo
 
 def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _checked_tests_dir(problem: Problem, tests_root: str | None) -> str:
+    """The problem's folder of a test set: ``<number>_<slug>``, or just ``<number>`` in an instructor's set."""
+    tests_dir = problem.tests_dir(tests_root)
+    if tests_root and not os.path.isdir(tests_dir) and os.path.isdir(os.path.join(tests_root, str(problem.number))):
+        tests_dir = os.path.join(tests_root, str(problem.number))
+    if not os.path.isdir(tests_dir):
+        raise UsageError(f"no tests for problem {problem.number}: {tests_dir} does not exist")
+    if not any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(tests_dir)):
+        raise UsageError(f"no test_*.py files in {tests_dir}")
+    return tests_dir

@@ -129,7 +129,24 @@ def target(request, problem):
     path = _session(request.config).target_path(problem, entry.get("path"))
     # selfcheck --device-audit: only the reference runs under the audit (a wrong version must fail for its bug)
     with harness.defaults(audit_devices=True) if entry.get("device_audit") else contextlib.nullcontext():
-        yield harness.Target(path, problem.names, problem.stand_ins).validate()
+        yield _imported_once(harness.Target(path, problem.names, problem.stand_ins).validate())
+
+
+def _load_in_a_rank(target):
+    """Runs on one rank: import the file under test, and nothing else."""
+    target.load()
+
+
+def _imported_once(target):
+    """The file under test, imported once on a rank before any test runs it: an exception at import
+    (a missing module, a crash, a hang) is a load error, like a syntax error, said once for every test."""
+    try:
+        harness.run(_load_in_a_rank, 1, target, reuse=True)
+    except harness.WorldSkipped:   # --kit-world-size leaves out worlds of one rank: the tests find out
+        pass
+    except failures.IMPORT_FAILURES as e:
+        raise harness.TargetError(failures.import_failure(target.path, e)) from None
+    return target
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -151,6 +168,26 @@ def _problem_policy(request):
                           world_sizes=None if session.config.world_size is None else (session.config.world_size,),
                           **audit):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _less_time_after_a_hang(request):
+    """Once a test of this code has hung, each later call of it gets ``after_a_hang(time_limit)`` seconds:
+    the properties that run the same code would each wait out the whole limit, for the same deadlock."""
+    session = _session(request.config)
+    found = session.problem_for(request.node.path)
+    target = request.getfixturevalue("target") if found is not None and "target" in request.fixturenames else None
+    if target is None or target.path not in session.hung:
+        yield
+        return
+    request.node._kit_hang_budget = (after_a_hang(found.time_limit), found.time_limit)
+    with harness.defaults(timeout=request.node._kit_hang_budget[0]):
+        yield
+
+
+def after_a_hang(time_limit: float) -> float:
+    """A call's time limit once the same code has hung: a fifth of the problem's, at least a second."""
+    return min(time_limit, max(1.0, time_limit / 5))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -194,10 +231,11 @@ def pytest_runtest_call(item):
             return inner(*args, **kwargs)
         except harness.WorldSkipped:
             reject()   # a world size left out (--kit-world-size): this example does not count
-        except BaseException:
+        except BaseException as e:
             counts["failed"] = True
             item._kit_case = failures.format_draw(kwargs, fixtures)
             item._kit_case_traced = session.trace_seq > seq
+            failures.remember_case(e, item._kit_case)   # several failures: each keeps its own case
             raise
 
     hyp.inner_test = counted
@@ -218,7 +256,7 @@ def pytest_runtest_makereport(item, call):
     found = session.problem_for(item.path)
     props = report.user_properties
     props += [("kit_points", found.points_for(item.name) if found else 1.0),
-              ("kit_problem", found.number if found else None)]
+              ("kit_problem", found.number if found else None), ("kit_file", str(item.path))]
     exc = None
     if report.failed and call.excinfo is not None and _left_out(call.excinfo.value, session):
         report.outcome, report.longrepr = "skipped", (str(item.path), 0, f"Skipped: no example with a world of "
@@ -227,8 +265,13 @@ def pytest_runtest_makereport(item, call):
         exc = failures.first_exception(call.excinfo.value)
         target_path = getattr(getattr(item, "funcargs", {}).get("target"), "path", None)
         kind, message = failures.explain(exc, target_path)
-        stopped_early = kind in (failures.NOT_IMPLEMENTED, "load error")
-        case = "" if stopped_early else failures.case_of(exc, getattr(item, "_kit_case", ""))
+        if kind == "hang":
+            session.hung.add(target_path)
+            if getattr(item, "_kit_hang_budget", None):
+                message += failures.shortened_limit(*item._kit_hang_budget)
+        stopped_early = kind in (failures.NOT_IMPLEMENTED, failures.LOAD_ERROR)
+        case = "" if stopped_early else failures.case_of(exc, failures.case_remembered(exc) or
+                                                         getattr(item, "_kit_case", ""))
         notes = (failures.hypothesis_notes(call.excinfo.value), getattr(item, "hypothesis_report_information", ""))
         props += [("kit_kind", kind), ("kit_message", message), ("kit_example", case),
                   ("kit_hypothesis", "\n\n".join(x for x in notes if x))]

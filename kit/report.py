@@ -14,12 +14,16 @@ import sys
 
 from .judging import NOT_IMPLEMENTED, Verdict
 
+LOAD_ERROR = "load error"   # the kind of every test of a file that could not be loaded
+
 
 def console(stream=None):
+    """A terminal gets rich's layout at its width; a pipe or a file gets whole lines, never wrapped
+    (a line cut at some column breaks grep, logs and pasted commands)."""
     from rich.console import Console
     stream = stream or sys.stdout
-    return Console(file=stream, highlight=False, soft_wrap=False,
-                   width=None if stream.isatty() else 100)
+    tty = stream.isatty()
+    return Console(file=stream, highlight=False, soft_wrap=not tty, width=None if tty else 100)
 
 
 def relative(path: str) -> str:
@@ -95,7 +99,17 @@ def failure_lines(name: str, kind: str | None, message: str, case: str, rerun: s
     return lines
 
 
-def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = False, verbose: bool = False):
+def load_error_groups(tests) -> list[tuple[str, list]]:
+    """[(message, [test names])] for tests that could not load the file under test: one reason, said once."""
+    groups: dict[str, list] = {}
+    for t in tests:
+        if _kind(t) == LOAD_ERROR:
+            groups.setdefault(t.get("message", "") if isinstance(t, dict) else t.message, []).append(_name(t))
+    return list(groups.items())
+
+
+def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = False, verbose: bool = False,
+                select: str | None = None):
     from rich.table import Table
     from rich.text import Text
     con = console(out)
@@ -117,8 +131,14 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         con.print(table)
     style = "bold green" if verdict.all_passed else "bold red"
     con.print(Text(f"score: {verdict.score:g}/{verdict.max_score:g}   ({verdict.elapsed:.1f} s)", style=style))
-    real = [t for t in verdict.failures() if t.kind != NOT_IMPLEMENTED]
+    real = [t for t in verdict.failures() if t.kind not in (NOT_IMPLEMENTED, LOAD_ERROR)]
     stubs = not_implemented_groups(verdict.failures())
+    for message, names in load_error_groups(verdict.failures()):
+        con.print()
+        every = "every test" if len(names) == len(verdict.tests) else f"{len(names)} tests"
+        for line, line_style in failure_lines(f"cannot load the file under test ({every} scores 0: load error)",
+                                              None, message, "", None):
+            con.print(Text(line, style=line_style), soft_wrap=True)
     for t in real[:1] if brief else real:
         con.print()
         for line, line_style in failure_lines(t.name, t.kind, t.message, t.example,
@@ -134,7 +154,12 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
             tests = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more tests"
             con.print(Text(f"✗ not implemented yet: {where}: {tests}", style="red"), soft_wrap=True)
     if verdict.all_passed and not brief:
-        con.print(Text("All properties hold. Next: python judge.py", style="green"))
+        if select:
+            con.print(Text(f"The properties matching -k {select!r} hold. All of them: python judge.py "
+                           f"{' '.join(shlex.quote(str(a)) for a in [p.number, *target_args])}", style="green"),
+                      soft_wrap=True)
+        else:
+            con.print(Text("All properties hold. Next: python judge.py", style="green"))
 
 
 def protections_line(protections: dict) -> tuple[str, str]:
@@ -159,11 +184,16 @@ def as_json(verdict: Verdict) -> dict:
     }
 
 
-def as_gradescope(verdict: Verdict, visibility: str = "visible") -> dict:
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")   # Gradescope's four
+
+
+def as_gradescope(verdict: Verdict, hidden_visibility: str = "after_published", note: str = "") -> dict:
     """Gradescope autograder results.json (score, max_score, tests[], execution_time).
 
     What a student reads: the broken property and the failing case, with no paths of the
-    grading server in it.
+    grading server in it.  The public tests are ``visible``; a test set of the instructor's
+    (``--tests`` / ``--add-tests``) gets ``hidden_visibility``, so its cases stay unseen until then.
+    ``note``: said above the tests (why a submission scored 0, say).
     """
     tests = []
     for t in verdict.tests:
@@ -172,14 +202,22 @@ def as_gradescope(verdict: Verdict, visibility: str = "visible") -> dict:
             output = t.message + (f"\n\nfailing case: {t.example}" if t.example else "")
         tests.append({"name": t.name, "score": t.points, "max_score": t.max_points,
                       "status": "passed" if t.passed else "failed", "output": strip_paths(output),
-                      "visibility": visibility})
-    sealed = protections_line(verdict.protections)[0]
+                      "visibility": "visible" if is_public(verdict, t) else hidden_visibility})
+    title = f"Problem {verdict.problem.number}: {verdict.problem.title}"
+    sealed = strip_paths(protections_line(verdict.protections)[0])
     return {"score": verdict.score, "max_score": verdict.max_score, "execution_time": round(verdict.elapsed, 3),
-            "output": f"Problem {verdict.problem.number}: {verdict.problem.title}\n{strip_paths(sealed)}",
-            "visibility": visibility, "tests": tests, "extra_data": {"protections": verdict.protections}}
+            "output": f"{title}\n{sealed}" + (f"\n\n{strip_paths(note)}" if note else ""), "visibility": "visible",
+            "tests": tests, "extra_data": {"protections": verdict.protections}}
 
 
-def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, verbose: bool = False):
+def is_public(verdict: Verdict, test) -> bool:
+    """A test of the kit's public set (practice/), not of an instructor's."""
+    public = os.path.join(verdict.problem.tests_dir(), "")
+    return os.path.abspath(test.file or verdict.tests_dir).startswith(public)
+
+
+def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, verbose: bool = False,
+          hidden_visibility: str = "after_published", note: str = ""):
     if fmt == "text":
         if output:
             with open(output, "w", encoding="utf-8") as f:
@@ -187,7 +225,7 @@ def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, ver
         else:
             render_text(verdict, target_args, verbose=verbose)
         return
-    data = as_json(verdict) if fmt == "json" else as_gradescope(verdict)
+    data = as_json(verdict) if fmt == "json" else as_gradescope(verdict, hidden_visibility, note)
     text = json.dumps(data, indent=2, ensure_ascii=False)
     if output:
         with open(output, "w", encoding="utf-8") as f:
@@ -222,13 +260,12 @@ def pytest_summary(reports: list, problems: dict, seed, profile: str, target_arg
     if full:
         for number in sorted(by_problem):
             slug = problems[number].slug if number in problems else ""
-            load_errors = {r["message"] for r in by_problem[number] if r.get("kind") == "load error"}
-            for message in sorted(load_errors):   # one file, one reason: said once, not once per test
+            for message, _ in load_error_groups(by_problem[number]):   # one file, one reason: said once
                 lines += [text for text, _ in failure_lines(f"{number} {slug}: cannot load the file under test",
                                                              None, message, "", None)]
                 lines.append("")
             for r in by_problem[number]:
-                if r["outcome"] == "passed" or r.get("kind") in (NOT_IMPLEMENTED, "load error"):
+                if r["outcome"] == "passed" or r.get("kind") in (NOT_IMPLEMENTED, LOAD_ERROR):
                     continue
                 rerun = replay_command(number, r["name"], target_args, seed, profile) if target_args is not None \
                     else None

@@ -52,6 +52,10 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
     All targets run in one test process (``--kit-targets``), sharing its warm ranks; without
     shrinking, since only "it fails" matters here.  ``device_audit``: the reference runs under the
     device audit (see harness.devices), so it must also keep its tensors on ``harness.device()``.
+
+    ``tests_root`` (an instructor's test set): what can be checked is checked (the reference passes, the
+    stub fails cleanly); the known-wrong versions name the kit's own tests, so each runs on every test of
+    the set and its row is information (``info``), never a failure.
     """
     with scratch("selfcheck-") as tmp:
         stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
@@ -62,8 +66,9 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
         for wrong in problem.wrong_files():
             name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
             expected[name] = rejected_by(wrong)
-            # what must reject it is all that runs on it (every test, when it names none)
-            targets.append({"id": name, "path": wrong, "tests": [expected[name]] if expected[name] else None})
+            # what must reject it is all that runs on it (every test, when it names none or the set is not ours)
+            chosen = [expected[name]] if expected[name] and tests_root is None else None
+            targets.append({"id": name, "path": wrong, "tests": chosen})
         verdict = judge_once(problem, "", dataclasses.replace(config, shrink=False), tests_root=tests_root,
                              seed=seed, targets=targets, progress=progress)
     rows = []
@@ -76,6 +81,10 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
             ok, detail = _reference_row(mine)
         elif t["id"] == "stub":
             ok, detail = _stub_row(mine)
+        elif tests_root is not None:
+            rows.append({"problem": problem.number, "target": t["id"], "ok": True, "info": True,
+                         "detail": _wrong_version_info(mine, expected[t["id"]]), "path": relative(t["path"])})
+            continue
         else:
             ok, detail = _wrong_version_row(mine, expected[t["id"]])
         path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else relative(t["path"])
@@ -120,6 +129,15 @@ def _wrong_version_row(results: list, want: str | None) -> tuple[bool, str]:
     if hit and all(r.message for r in hit):
         return True, f"rejected by {want}: {first_line(hit[0].message)}"
     return False, f"NOT rejected by {want or 'any test'}" + ("" if want else " (no REJECTED_BY)")
+
+
+def _wrong_version_info(results: list, public_test: str | None) -> str:
+    """A known-wrong version on an instructor's test set: which of its tests reject it (information only)."""
+    failed = [r for r in results if not r.passed]
+    elsewhere = f"; the public {public_test} rejects it" if public_test else ""
+    if not failed:
+        return f"info: passes every test of this set{elsewhere}"
+    return f"info: rejected by {', '.join(r.name for r in failed)}: {first_line(failed[0].message)}"
 
 
 def first_line(text: str) -> str:

@@ -12,8 +12,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-import harness
-
 from . import catalogue, failures, show
 from .config import KitConfig
 
@@ -34,6 +32,7 @@ class KitSession:
         self._problems = None
         self.reports: list[dict] = []
         self.trace, self.trace_seq = None, 0
+        self.hung: set = set()   # the targets (paths) a test has seen hang: later calls get less time
         self.trace_dir = pytest_config.getoption("--kit-trace-dir")
         if not pytest_config.getoption("--hypothesis-profile", default=None):
             settings.register_profile("kit", _hypothesis_profile(config))
@@ -163,7 +162,7 @@ class KitSession:
             "example": props.get("kit_example", ""),
             "hypothesis": props.get("kit_hypothesis", ""),
             "location": props.get("kit_location"),
-            "drawing": props.get("drawing"),
+            "drawing": props.get("drawing"), "file": props.get("kit_file"),
             "target": report.nodeid.rsplit("[", 1)[1].rstrip("]") if "[" in report.nodeid else None,
         }
         self.reports.append(entry)

@@ -2,7 +2,8 @@
 
 A drop-in for ``judging.run_pytest``: the same call, the same result.  The warm process gets its events
 pipe and its lifeline once, at its start (see ``channel``); each run ends with one report on that pipe.
-A run that times out, or a test process that dies, costs that process: the next run starts a fresh one.
+A run that times out, is stopped (``stop``: a newer save), or whose test process dies, costs that process:
+the next run starts a fresh one.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 
 from .channel import Events, Lifeline, scratch
 from .config import ROOT
-from .judging import JudgeTimeout, Run, kill_group
+from .judging import Run, kill_group, wait_for_report
 
 _LIFETIME = 7 * 24 * 3600   # the warm process's own deadline: a judge that watches for a week
 
@@ -27,6 +28,7 @@ class WarmTests:
 
     def _start(self):
         self.events, self.lifeline = Events(lambda event: self.progress and self.progress(event)), Lifeline()
+        # its TMPDIR is a folder of ours, removed with the process: nothing it leaves behind outlives it
         self.tmp = scratch("w")
         args = self.events.args() + self.lifeline.args(_LIFETIME)
         self.proc = subprocess.Popen([sys.executable, "-m", "kit.server", json.dumps(args)], cwd=ROOT,
@@ -38,7 +40,8 @@ class WarmTests:
         output = self.output = []
         threading.Thread(target=lambda: output.extend(self.proc.stdout), daemon=True).start()
 
-    def __call__(self, cmd: list, env: dict, timeout: float, progress=None) -> Run:
+    def __call__(self, cmd: list, env: dict, timeout: float, progress=None,
+                 stop: threading.Event | None = None) -> Run:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self._start()
@@ -47,9 +50,8 @@ class WarmTests:
         try:
             self.proc.stdin.write(json.dumps(cmd[3:]) + "\n")   # cmd is [python, -m, pytest, ...]
             self.proc.stdin.flush()
-            if not self.events.arrived.wait(timeout):
-                raise JudgeTimeout(f"the test run took longer than {timeout:g} s and was stopped")
-        except BaseException:   # a timeout, Ctrl-C, a broken pipe: this process is not reused
+            wait_for_report(self.events, timeout, stop)
+        except BaseException:   # a timeout, a stop, Ctrl-C, a broken pipe: this process is not reused
             self.close()
             raise
         finally:
@@ -63,3 +65,4 @@ class WarmTests:
             self.events.join()
             self.tmp.cleanup()
             self.proc = None
+

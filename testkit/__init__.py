@@ -4,7 +4,8 @@
     testkit.strategies   hypothesis strategies that lean towards the cases that expose classic bugs
     testkit.groups       member_group / contiguous_groups: process groups inside a rank function
     testkit.flat_shards  the flat, padded ZeRO / FSDP partition and the costs that follow from it
-    testkit.siblings     import_siblings: a problem folder's own helper modules, by name, here and on the ranks
+    testkit.siblings     import_siblings, import_oracles: a problem's own helper modules (beside its tests, or its
+                         oracles under tests/oracles/), by name, here and on the ranks
     testkit.overlap      check_receives_overlap_compute: each receive waited on only after compute ran
 
 This is the layer between the engine and the problems: it imports only the engine's

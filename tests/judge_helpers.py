@@ -1,5 +1,6 @@
 """Shared by the judge and workflow tests: run judge.py as a subprocess, as a person would."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,28 @@ def judge(tmp_path):
         return subprocess.run([sys.executable, os.path.join(ROOT, "judge.py"), *map(str, args)], cwd=ROOT,
                               capture_output=True, text=True, input=input, timeout=timeout, env=full_env)
     return run
+
+
+_NOT_COPIED = {".git", ".venv", ".hypothesis", ".kit", ".ci", "__pycache__", "dist_practice_kit.egg-info"}
+
+
+def fresh_kit(where):
+    """A copy of the kit at ``where`` as a fresh clone has it (tests never edit the real practice/)."""
+    shutil.copytree(ROOT, where, ignore=lambda folder, names: [n for n in names if n in _NOT_COPIED])
+    return where
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` (each test gives its own KIT_STATE_DIR)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 class ProblemWithPracticeFile:

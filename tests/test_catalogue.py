@@ -54,3 +54,21 @@ def test_problem_for_path_reads_the_folder_number():
     assert catalogue.problem_for_path("/x/hidden/113_ddp_buckets/test_a.py", problems).number == 113
     assert catalogue.problem_for_path("/x/hidden/113/test_a.py", problems).number == 113
     assert catalogue.problem_for_path("/x/hidden/misc/test_a.py", problems) is None
+
+
+def _code_lines(path: str) -> set:
+    """The reference's lines of code, spaces and comments aside, long enough to be more than a name."""
+    import re
+    lines = (re.sub(r"\s+", "", line.split("#")[0]) for line in open(path, encoding="utf-8"))
+    return {line for line in lines if len(line) >= 20}
+
+
+def test_a_hint_is_a_hint_not_the_references_code():
+    """#30: 126's first hint was the whole bf16 hook, line by line.  A hint may quote one line of the reference
+    (a call to use, a formula), never two."""
+    import re
+    for number, problem in catalogue.load().items():
+        reference = _code_lines(problem.solution_file())
+        for i, hint in enumerate(problem.hints, 1):
+            quoted = [line for line in reference if line in re.sub(r"\s+", "", hint)]
+            assert len(quoted) <= 1, f"problem {number}, hint {i} spells out the reference: {quoted}"

@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import shutil
+import tempfile
 
 import pytest
 
@@ -79,10 +81,21 @@ def test_a_deadlock_fails_in_seconds_with_the_hang_report(judge, tmp_path):
         "    def finish_gradient_sync(self):\n",
         "    def finish_gradient_sync(self):\n        if dist.get_rank() == 0 and dist.get_world_size() > 1:\n"
         "            dist.barrier()\n"))
-    out = judge(113, "--target", hanging, "--profile", "quick", "--seed", 2, "-k", "frozen")
+    tmp = tempfile.mkdtemp(prefix="kit-test-")   # short: the forkserver's socket lives under it
+    out = judge(113, "--target", hanging, "--profile", "quick", "--seed", 2, "-k", "frozen or buckets_follow",
+                "--format", "json", env={"TMPDIR": tmp})
     assert out.returncode == 1
-    assert "did not finish within 5 s" in out.stdout and "never issued" in out.stdout
-    assert "hanging.py:" in out.stdout and "dist.barrier()" in out.stdout
+    left = os.listdir(tmp)
+    shutil.rmtree(tmp)
+    assert not left, f"#30: left in TMPDIR after a hang: {left}"
+    tests = {t["name"]: t for t in json.loads(out.stdout)["tests"]}
+    first, later = tests["test_buckets_follow_make_buckets"], tests["test_frozen_parameters_never_communicated"]
+    assert first["kind"] == later["kind"] == "hang"
+    assert "did not finish within 5 s" in first["message"] and "never issued" in first["message"]
+    assert "hanging.py:" in first["message"] and "dist.barrier()" in first["message"]
+    # #30: each hanging property waited out its own limit; once one has hung, the next ones get a second
+    assert "did not finish within 1 s" in later["message"] and "not the problem's 5 s" in later["message"]
+    assert later["duration"] < first["duration"], (first["duration"], later["duration"])
 
 
 def test_hidden_tests_folder(judge, tmp_path):
@@ -276,7 +289,8 @@ def test_grade_of_a_file_that_fails_to_load(judge, tmp_path):
     assert broken["max_score"] and broken["tests"]
     assert all(t["kind"] == "load error" and "syntax error" in t["message"] for t in broken["tests"])
     row = out_csv.read_text().splitlines()[1].split(",")
-    assert row[:4] == ["broken", "0", f"{broken['max_score']:g}", "ok"]
+    assert row[:4] == ["broken", "0", f"{broken['max_score']:g}", "load error"]
+    assert broken["status"] == "load error" and "syntax error" in broken["error"]
     table_row = next(line for line in out.stdout.splitlines() if line.startswith("broken"))
     assert table_row.split()[1] == f"0/{broken['max_score']:g}", table_row
 
@@ -330,3 +344,73 @@ def test_selfcheck_fails_a_test_that_no_wrong_version_exercises(monkeypatch):
     assert "REJECTED_BY" in unshown[0]["detail"]
     hidden = selfcheck.selfcheck_problem(catalogue.load()[113], cli.KitConfig(), tests_root="elsewhere")
     assert not [r for r in hidden if r["target"].startswith("test:")], "an instructor's hidden tests are theirs"
+
+
+# ---- issue 30: the learner's loop without silent losses ------------------------------------------
+
+def test_an_exception_at_import_is_one_load_error_said_once(judge, tmp_path):
+    """#30: a ModuleNotFoundError ran every test and printed the same traceback 7 times, each with a rerun line."""
+    source = open(os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")).read()
+    missing = tmp_path / "ddp_buckets.py"
+    missing.write_text(source.replace("import torch\n", "import torch\nimport torch_extras_not_installed\n", 1))
+    out = judge(113, "--target", missing, "--profile", "quick", "--seed", 1)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.count("ModuleNotFoundError: No module named 'torch_extras_not_installed'") == 1, out.stdout
+    assert "cannot load the file under test (every test scores 0: load error)" in out.stdout
+    assert "at ddp_buckets.py:5: import torch_extras_not_installed" in out.stdout
+    assert "rerun just this case" not in out.stdout and "Traceback" not in out.stdout
+    report = json.loads(judge(113, "--target", missing, "--profile", "quick", "--format", "json").stdout)
+    assert {t["kind"] for t in report["tests"]} == {"load error"} and report["score"] == 0
+
+
+def test_the_failing_case_is_the_case_that_failed(judge, tmp_path):
+    """#30: with two distinct failures, the "failing case:" line named another case than the message above it."""
+    hidden = hidden_tests(tmp_path,
+        "from hypothesis import example, given, strategies as st\n"
+        "import harness\n\n"
+        "@example(n=3)\n"
+        "@example(n=7)\n"
+        "@given(n=st.integers(0, 2))\n"
+        "def test_two_explicit_examples_fail_differently(target, n):\n"
+        "    harness.check(n != 3, f'n is {n}: the first failure')\n"
+        "    assert n != 7, f'n is {n}: the second failure'\n\n"
+        "@given(n=st.integers(0, 1000))\n"
+        "def test_hypothesis_finds_its_own(target, n):\n"
+        "    harness.check(n < 10, f'n is {n}, at least 10')\n", "test_cases.py")
+    out = judge(113, "--solution", "--tests", hidden, "--profile", "quick", "--seed", 1, "--format", "json")
+    tests = {t["name"]: t for t in json.loads(out.stdout)["tests"]}
+    both = tests["test_two_explicit_examples_fail_differently"]
+    number = re.search(r"n is (\d+)", both["message"]).group(1)
+    assert both["example"] == f"n={number}", both
+    found = tests["test_hypothesis_finds_its_own"]
+    assert found["message"] == "n is 10, at least 10" and found["example"] == "n=10", found
+
+
+def test_one_line_usage_errors_for_folders_and_files_to_write(judge, tmp_path):
+    """#30: --target naming a folder said "target file not found"; #24: --trace and --output into a folder that
+    does not exist ended in a FileNotFoundError traceback."""
+    folder = tmp_path / "alice"
+    folder.mkdir()
+    (folder / "ddp_buckets.py").write_text("")
+    for args, words in [(["--target", folder], f"--target names a folder, not a file: {folder} (did you mean "),
+                        (["--solution", "--trace", tmp_path / "nowhere" / "t.json"], "does not exist"),
+                        (["--solution", "--format", "json", "--output", tmp_path / "nowhere" / "r.json"],
+                         "does not exist")]:
+        out = judge(113, *args)
+        assert out.returncode == 4, (args, out.stdout, out.stderr)
+        assert words in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_piped_output_keeps_whole_lines_and_a_selection_says_what_it_covered(judge, tmp_path):
+    """#30: piped output wrapped ("backend:" then "gloo" on the next line); a -k run ended "All properties hold.
+    Next: python judge.py"."""
+    deep = tmp_path / ("a_folder_name_long_enough_to_push_the_header_past_any_width_" * 2) / "ddp_buckets.py"
+    deep.parent.mkdir()
+    deep.write_text(open(os.path.join(ROOT, "solutions/113_ddp_buckets/ddp_buckets.py")).read())
+    out = judge(113, "--target", deep, "--profile", "quick", "--seed", 1, "-k", "test_timeline")
+    assert out.returncode == 0, out.stdout + out.stderr
+    header = next(line for line in out.stdout.splitlines() if line.startswith("target: "))
+    assert header.endswith("backend: gloo") and str(deep) in header, out.stdout
+    assert "All properties hold" not in out.stdout
+    assert f"The properties matching -k 'test_timeline' hold. All of them: python judge.py 113 --target {deep}" \
+        in out.stdout

@@ -7,22 +7,15 @@ import os
 import re
 import select
 import shlex
-import shutil
 import subprocess
 import sys
 
 from harness import CommOp, PhaseSpan, Trace, to_chrome
 from kit import catalogue, show
-from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, judge, with_make_buckets  # noqa: F401  (fixture)
-
-_NOT_COPIED = {".git", ".venv", ".hypothesis", ".kit", ".ci", "__pycache__", "dist_practice_kit.egg-info"}
-
+from tests.judge_helpers import BUGGY_MAKE_BUCKETS, ROOT, fresh_kit, judge, with_make_buckets  # noqa: F401
 
 def _fresh_kit(tmp_path):
-    """A copy of the kit as a fresh clone has it (tests never edit the real practice/)."""
-    kit = tmp_path / "kit"
-    shutil.copytree(ROOT, kit, ignore=lambda folder, names: [n for n in names if n in _NOT_COPIED])
-    return kit
+    return fresh_kit(tmp_path / "kit")
 
 
 def _learner_env(kit):

@@ -1,4 +1,4 @@
-"""This folder's tests import ``virtual_stages.py`` (beside them) by name."""
-from testkit.siblings import import_siblings
+"""This folder's tests import ``virtual_stages.py`` by name: an oracle, kept out of this folder (tests/oracles/)."""
+from testkit.siblings import import_oracles
 
-import_siblings(__file__, "virtual_stages")
+import_oracles(__file__, "virtual_stages")

@@ -1,10 +1,10 @@
 """Problem 122 properties.  Each test is one line of the statement's list ("What the tests check").
 
 Learner code runs only on the ranks (``harness.run``; the pure functions on one rank).  The statement's
-rules (virtual stages, the canonical order, timing any schedule) live in ``virtual_stages.py`` beside this
-file and run here, in the test process, in exact fractions; what the real run sent comes from the
-harness's trace, and which activations it kept alive from ``harness.saved_for_backward`` around each chunk
-forward (``ActivationWatch``).  Each rank receives only its own chunks and what its role needs
+rules (virtual stages, the canonical order, timing any schedule) live in ``virtual_stages.py``, an oracle in
+tests/oracles/ (conftest.py imports it), and run here, in the test process, in exact fractions; what the real
+run sent comes from the harness's trace, and which activations it kept alive from ``harness.saved_for_backward``
+around each chunk forward (``ActivationWatch``).  Each rank receives only its own chunks and what its role needs
 (``harness.per_rank``).
 """
 import contextlib

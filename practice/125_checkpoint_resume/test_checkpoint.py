@@ -7,11 +7,14 @@ rank consumed is read from the dataset's own log of ``dataset[i]`` calls, never 
 """
 import hashlib
 import os
+import re
+import shutil
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import example, given, strategies as st
+from hypothesis import Phase, example, given, reject, settings, strategies as st
 
 import harness
 from ckpt_data import LoggedDataset, epoch_batches, make_data, oracle
@@ -259,15 +262,32 @@ def kill_cases(draw):
 
 _KILL_EXAMPLE = dict(n_save=2, n_resume=1, widths=[2, 3], n=5, global_batch=2, k1=1, k2=1,
                      optimizer=OptimizerSpec("Adam", {"lr": 0.1}), dropout=0.5, seed=3, init_seed=4, data_seed=5)
+# The kill tests' overall bound: each case costs three or four fresh worlds (a world that ran a kill is
+# never reused), so past this many seconds no new case is drawn (the explicit ones always run first), and
+# a failing case is not shrunk (each try would cost as many worlds again).
+_KILL_BUDGET_S = 120
+_kill_settings = settings(hs.fewer_examples(0.3, minimum=4), phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
-@hs.fewer_examples(0.3, minimum=4)
+@pytest.fixture
+def kill_budget():
+    """The moment a kill test stops drawing new cases (one per test: hypothesis's examples share it)."""
+    return time.monotonic() + _KILL_BUDGET_S
+
+
+def _within(budget):
+    if time.monotonic() > budget:
+        reject()
+
+
+@_kill_settings
 @example(case=dict(_KILL_EXAMPLE, kill_rank=0, kill_event=5))
 @example(case=dict(_KILL_EXAMPLE, kill_rank=1, kill_event=2))
 @given(case=kill_cases())
-def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, request):
+def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, request, kill_budget):
     """A rank SIGKILLed in the middle of save() leaves the previous checkpoint loadable: resume gives the newest
     complete checkpoint (the torn one is ignored) with exactly its state."""
+    _within(kill_budget)
     folder = _folder(shared, "kill", request.node.nodeid, case, os.urandom(8))
     k1, n = case["k1"], case["n_save"]
     harness.run(_session, n, target, case, folder, k1, False, True, probes=[shared])
@@ -280,6 +300,12 @@ def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, r
     want = k1 + 1 if complete else k1
     killed = (f"rank {during.killed.rank} of {n} was killed at {during.killed.event} while saving step {k1 + 1}"
               if during.killed else f"no kill fired (the save of step {k1 + 1} completed)")
+    _check_resumes_from(target, case, shared, folder, want, killed, complete)
+
+
+def _check_resumes_from(target, case, shared, folder, want, killed, complete):
+    """resume() on M ranks returns step ``want`` with exactly its state, and one more step trains on from it."""
+    k1 = case["k1"]
     expected = oracle(case, want + 1)
     after = harness.run(_session, case["n_resume"], target, case, folder, 1, True, False, catch=True,
                         probes=[shared]).values
@@ -297,6 +323,60 @@ def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, r
         _compare(out["history"][0], expected[want]["params"],
                  f"parameters one step after resume() ({killed}; resumed from step {want}, {_describe(case)})",
                  rank, want)
+
+
+_WRITE_EVENT = re.compile(r"^its file event \d+: (open|torch\.save) (.+)$")
+
+
+def _tear(killed, folder, whole):
+    """Leave the file the killed rank was about to write as a kill in the middle of that write leaves it: under
+    the name being written, a prefix of its bytes (half of what the uninterrupted save wrote there, from
+    ``whole``; filler bytes for a name that save did not keep).  Returns the file's path, or None when the
+    kill came before some other event (a rename, a mkdir, a remove), where nothing is half-written."""
+    written = _WRITE_EVENT.match(killed.event) if killed else None
+    if written is None:
+        return None
+    path = os.path.join(os.path.dirname(os.path.realpath(folder)), written.group(2))
+    kept = os.path.join(whole, os.path.relpath(path, os.path.realpath(folder)))
+    data = open(kept, "rb").read() if os.path.isfile(kept) else b"\x80 half of a file " * 16
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])
+    return path
+
+
+@_kill_settings
+@example(case=dict(_KILL_EXAMPLE, kill_rank=0, kill_event=3))   # COMMIT's write, in a save that never renames
+@example(case=dict(_KILL_EXAMPLE, kill_rank=1, kill_event=2))
+@given(case=kill_cases())
+def test_save_killed_mid_write_keeps_the_previous_checkpoint(target, case, shared, request, kill_budget):
+    """A rank SIGKILLed in the middle of writing a file of its save, leaving that file half-written under the name
+    it was writing, leaves the previous checkpoint the newest complete one: a file under its final name is always
+    whole (written under a temporary name, then renamed), above all COMMIT."""
+    _within(kill_budget)
+    k1, n = case["k1"], case["n_save"]
+    folder = _folder(shared, "torn", request.node.nodeid, case, os.urandom(8))
+    harness.run(_session, n, target, case, folder, k1, False, True, shared_dir=shared)
+    _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
+    whole = _folder(shared, "whole", request.node.nodeid, case, os.urandom(8))
+    shutil.copytree(folder, whole, dirs_exist_ok=True)   # for the same save, uninterrupted: the bytes it writes
+    kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
+    during = harness.run(_session, n, target, case, folder, 1, True, True, shared_dir=shared, kill=kill)
+    torn = None
+    if _WRITE_EVENT.match(during.killed.event if during.killed else ""):
+        harness.run(_session, n, target, case, whole, 1, True, True, shared_dir=shared)
+        torn = _tear(during.killed, folder, whole)
+    marker = os.path.join(os.path.realpath(folder), f"step_{k1 + 1}", "COMMIT")
+    killed = (f"rank {during.killed.rank} of {n} was killed while saving step {k1 + 1}, "
+              + (f"in the middle of writing {os.path.relpath(torn, os.path.realpath(folder))} (left with half "
+                 "its bytes)" if torn
+                 else f"at {during.killed.event}") if during.killed else f"no kill fired (step {k1 + 1} was saved)")
+    harness.check(torn != marker,
+                  f"{killed}: COMMIT was being written under its final name, so a half-written COMMIT now says "
+                  f"step {k1 + 1} is complete. Write COMMIT.tmp, then os.replace it to COMMIT: then COMMIT exists "
+                  "whole or not at all")
+    complete = os.path.isfile(marker)
+    _check_resumes_from(target, case, shared, folder, k1 + 1 if complete else k1, killed, complete)
 
 
 # ---- a damaged checkpoint -----------------------------------------------------------------------

@@ -3,15 +3,17 @@
 Register a hook on torch's DistributedDataParallel:
 
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(BF16State(None), bf16_compress_hook)
-    # or: ddp.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2, seed=0), powersgd_hook)
+    ddp.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2, seed=0), powersgd_hook)
+    # or bf16, through a lambda: DDP keeps the name bf16_compress_hook for torch's own CUDA hook
+    ddp.register_comm_hook(BF16State(None), lambda state, bucket: bf16_compress_hook(state, bucket))
+
+DDP checks a hook's annotations: keep the return annotation below (torch.futures.Future[torch.Tensor])
+or none, and do not add ``from __future__ import annotations`` (it turns them into strings DDP refuses).
 
 DDP calls hook(state, bucket) once per gradient bucket during backward.  The hook returns a
 torch.futures.Future whose value is bucket.buffer() holding the bucket's gradients averaged
 over the group's ranks; DDP writes that into each parameter's .grad.
 """
-from __future__ import annotations
-
 import torch
 import torch.distributed as dist   # noqa: F401  (the hooks all-reduce with async_op=True: a work with get_future())
 
@@ -27,7 +29,7 @@ class BF16State:
         raise NotImplementedError
 
 
-def bf16_compress_hook(state: BF16State, bucket) -> torch.futures.Future:
+def bf16_compress_hook(state: BF16State, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket over the group with the data on the wire in bfloat16.
 
     Cast bucket.buffer() (float32) to bfloat16, all-reduce that, and copy the result back into the
@@ -52,7 +54,7 @@ class PowerSGDState:
         raise NotImplementedError
 
 
-def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future:
+def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Rank-r PowerSGD with error feedback over the bucket's gradients.
 
     Every gradient with 2 or more dimensions, viewed as M (n x m) = grad.view(grad.shape[0], -1):

@@ -1,11 +1,9 @@
 """Problem 126 reference: gradient compression as DDP communication hooks (bf16 and PowerSGD)."""
-from __future__ import annotations
-
 import torch
 import torch.distributed as dist
 
 
-def _all_reduce_future(tensor, group) -> torch.futures.Future:
+def _all_reduce_future(tensor, group) -> torch.futures.Future[torch.Tensor]:
     return dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
 
@@ -16,7 +14,7 @@ class BF16State:
         self.process_group = process_group
 
 
-def bf16_compress_hook(state: BF16State, bucket) -> torch.futures.Future:
+def bf16_compress_hook(state: BF16State, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in bfloat16: half the bytes of float32 on the wire."""
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
@@ -83,7 +81,7 @@ def _compress(state, mats, group, world):
         state._remember(p, M_in, M, Q)
 
 
-def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future:
+def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Rank-r PowerSGD with error feedback on every >= 2-D gradient; 1-D gradients averaged exactly."""
     group = state.process_group
     world = dist.get_world_size(group)
