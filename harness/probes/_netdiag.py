@@ -149,11 +149,18 @@ def dump(family: int = socket.AF_INET, proto: str = "tcp", states: int = ALL_STA
                 found.append(_parse(body, proto))
 
 
+_BATCH = 64   # lookups per datagram: their answers must fit the netlink socket's receive buffer
+
+
 def lookup(socks: list[Sock]) -> list[Sock | None]:
     """Each socket's current state and counters (None: it is gone, or its cookie now names another).
 
-    The kernel finds each one by hash, so this costs a few microseconds a socket; all the requests go
-    out in one datagram and the answers come back in order of their sequence numbers."""
+    The kernel finds each one by hash, so this costs a few microseconds a socket; the requests go out
+    ``_BATCH`` to a datagram and the answers come back in order of their sequence numbers."""
+    return [found for at in range(0, len(socks), _BATCH) for found in _lookup(socks[at:at + _BATCH])]
+
+
+def _lookup(socks: list[Sock]) -> list[Sock | None]:
     if not socks:
         return []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:

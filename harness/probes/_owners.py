@@ -24,7 +24,7 @@ class Snapshot:
     """The sockets of one world's ranks at one moment."""
 
     tcp: dict = field(default_factory=dict)        # cookie -> (rank, Sock): TCP connections a rank holds
-    listening: set = field(default_factory=set)    # (address, port) of the ranks' listening sockets
+    listening: dict = field(default_factory=dict)  # (address, port) of each rank's listening socket -> the rank
     other: list = field(default_factory=list)      # (rank, what): sockets of a kind no traced op uses (UDP, raw)
     shared: list = field(default_factory=list)     # (inode, ranks): one socket in several ranks' fd tables
     gone: dict = field(default_factory=dict)       # cookie -> (rank, Sock): connections of the last snapshot
@@ -207,7 +207,7 @@ def _assemble(held, entries: dict) -> Snapshot:
         if s.proto == "udp":
             snap.other.append((ranks[0], f"a UDP socket ({s.local[0]}:{s.local[1]})"))
         elif s.state == nd.TCP_LISTEN:
-            snap.listening.add(s.local)
+            snap.listening[s.local] = ranks[0]
         else:
             snap.tcp[s.cookie] = (ranks[0], s)
     return snap

@@ -37,5 +37,9 @@ class SharedFolder(Probe):
     def world_key(self):
         return self.path
 
+    def start(self, world):
+        """Folders the test process made in it since the last call become the ranks' too (their own uid)."""
+        world.grant_shared()
+
     def __repr__(self):
         return f"SharedFolder({self.path!r})"

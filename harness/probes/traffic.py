@@ -51,12 +51,19 @@ def difference(before: Snapshot, after: Snapshot) -> Difference:
     none holds after counts up to its last counters (``Snapshot.gone``), and is ``lost`` without them.
     A connection's far end is the socket with the mirror 4-tuple, as either snapshot saw it."""
     ends = {(s.local, s.remote): r for snap in (before, after) for r, s in snap.tcp.values()}
-    listening = before.listening | after.listening
+    listening = {**before.listening, **after.listening}
     diff = Difference({}, {}, [], [], after.other, after.shared, set())
 
-    def count(r: int, s: nd.Sock, start: int, end: int | None, new: bool):
-        """Rank r's end s of a connection wrote end - start bytes (end None: unknown)."""
+    def count(r: int, s: nd.Sock, old: nd.Sock | None, end: int | None):
+        """Rank r's end s of a connection (``old``: as the first snapshot saw it) wrote its bytes since then
+        (end None: unknown).  A connection whose far end no snapshot saw (made and closed within the call; the
+        test process kept this end, ``files``) but that went to a rank's listener is that rank's: what the
+        far end wrote is what this end received (a FIN counts one byte there)."""
+        start, new = (old.written if old else 0), old is None
         peer = ends.get((s.remote, s.local))
+        if peer is None and end is not None and _listener_of(listening, s.remote) is not None:
+            peer = _listener_of(listening, s.remote)
+            diff.sent[(peer, r)] = diff.sent.get((peer, r), 0) + max(0, _received(s) - (_received(old) if old else 0))
         if peer is None:
             if end or s.state in (nd.TCP_ESTABLISHED, nd.TCP_SYN_SENT, nd.TCP_SYN_RECV):   # carried bytes, or
                 diff.foreign.append((r, s))                                                  # is (being) connected
@@ -69,14 +76,31 @@ def difference(before: Snapshot, after: Snapshot) -> Difference:
 
     for cookie, (r, s) in after.tcp.items():
         old = before.tcp.get(cookie)
-        count(r, s, old[1].written if old else 0, s.written, old is None)
+        count(r, s, old[1] if old else None, s.written)
     for cookie, (r, s) in before.tcp.items():
         if cookie not in after.tcp:
             last = after.gone.get(cookie, (r, None))[1]
             if last is not None and last.state == nd.TCP_ESTABLISHED:   # not closed: held outside the world
                 diff.escaped.append((r, last))
-            count(r, s, s.written, last.written if last is not None else None, False)
+            count(r, last if last is not None else s, s, last.written if last is not None else None)
     return diff
+
+
+_FIN_RECEIVED = (6, 7, 8, 9, 11)   # TIME_WAIT, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING: the far end has closed
+
+
+def _received(s: nd.Sock) -> int:
+    """The bytes the far end wrote into the connection, as this end counts them (less a FIN's one)."""
+    return max(0, (s.bytes_received or 0) - (1 if s.state in _FIN_RECEIVED else 0))
+
+
+def _listener_of(listening: dict, address: tuple) -> int | None:
+    """The rank listening at ``address`` (on that address, or on every address of its family)."""
+    host, port = address[0], address[1]
+    for where in ((host, port), ("0.0.0.0", port), ("::", port)):
+        if where in listening:
+            return listening[where]
+    return None
 
 
 def check(diff: Difference, trace) -> str | None:

@@ -40,18 +40,18 @@ _X86_64 = dict(
     open=2, openat=257, openat2=437, creat=85, rename=82, renameat=264, renameat2=316, unlink=87,
     unlinkat=263, mkdir=83, mkdirat=258, rmdir=84, link=86, linkat=265, symlink=88, symlinkat=266,
     truncate=76, mknod=133, mknodat=259, execve=59, execveat=322, open_by_handle_at=304, io_uring_setup=425,
-    io_uring_enter=426, io_uring_register=427, seccomp=317, connect=42)
+    io_uring_enter=426, io_uring_register=427, seccomp=317, connect=42, listen=50)
 _AARCH64 = dict(   # asm-generic: no open, creat, rename, unlink, mkdir, rmdir, link, symlink, mknod
     openat=56, openat2=437, renameat=38, renameat2=276, unlinkat=35, mkdirat=34, linkat=37, symlinkat=36,
     truncate=45, mknodat=33, execve=221, execveat=281, open_by_handle_at=265, io_uring_setup=425,
-    io_uring_enter=426, io_uring_register=427, seccomp=277, connect=203)
+    io_uring_enter=426, io_uring_register=427, seccomp=277, connect=203, listen=201)
 _ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
 
 OPENS = ("open", "openat", "openat2", "creat")
 FILE_CALLS = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "link",
               "linkat", "symlink", "symlinkat", "truncate", "mknod", "mknodat")
 EXECS = ("execve", "execveat")
-SOCKETS = ("connect",)   # in both modes: the supervisor keeps a copy of each connecting socket (see notify)
+SOCKETS = ("connect", "listen")   # in both modes: the supervisor keeps a copy of each such socket (see notify)
 _DENIED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at")
 
 

@@ -75,6 +75,16 @@ def prepare_shared(path: str, gid: int, directory: bool):
     os.chmod(path, 0o2770 if directory else 0o660)
 
 
+def prepare_tree(path: str, gid: int):
+    """Every folder under a shared folder, made (by the test process, say) since it was granted: the ranks'
+    group may create and rename files in it.  Files are left as they are."""
+    for folder, _, _ in os.walk(path):
+        st = os.stat(folder)
+        if st.st_gid != gid or st.st_mode & 0o2070 != 0o2070:
+            os.chown(folder, -1, gid)
+            os.chmod(folder, st.st_mode | 0o2070)
+
+
 def become(uid: int, gid: int, read_anything: bool = False) -> str | None:
     """Take the rank's uid and gid for good (real, effective and saved), keeping CAP_DAC_READ_SEARCH alone
     when ``read_anything``; None on success, else why not."""

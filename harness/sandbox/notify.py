@@ -194,7 +194,7 @@ class Supervisor:
     # ---- one notification --------------------------------------------------------------------------
 
     def _answer(self, nid, tid, _flags, nr, _arch, _ip, *args):
-        if self._names[nr] == "connect":
+        if self._names[nr] in ("connect", "listen"):
             return self._hold_socket(nid, tid, args[0])
         caller = Caller(tid)
         enforce = self.rules.mode == "enforce"
@@ -251,8 +251,9 @@ class Supervisor:
         return True
 
     def _hold_socket(self, nid, tid: int, fd: int):
-        """A socket about to connect: keep a copy of it here (pidfd_getfd), so its connection outlives the
-        rank's own descriptor until the traffic witness has read it; then let the call run."""
+        """A socket about to connect or listen: keep a copy of it here (pidfd_getfd), so that it outlives the
+        rank's own descriptor until the traffic witness has read it (a connection's counters; the listener a
+        connection went to, which names its rank); then let the call run."""
         copy = take_fd(tid, fd)
         if copy is not None and self._valid(nid):
             self.sockets.append(copy)

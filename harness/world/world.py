@@ -30,6 +30,7 @@ from .boot import CONTEXT, RankProcess
 from .diagnose import crash_message
 from .outcomes import Outcomes
 from .records import RecordStream, build_trace, check_record
+from ..sandbox import identity
 from .setup import SandboxSpec, prepare_world
 from .wire import Reply, WireError, dump_function, dumps
 
@@ -137,6 +138,12 @@ class World(Outcomes):
 
     def pids(self) -> list:
         return [p.pid for p in self.procs]
+
+    def grant_shared(self):
+        """The shared folder's whole tree to the ranks' group (where the ranks run as their own uids)."""
+        ids = self.setups[0].ids
+        if self.shared is not None and ids is not None:
+            identity.prepare_tree(self.shared, ids[1])
 
     def watch_memory(self, limit_gb: float):
         """End any rank whose resident memory is over the limit; the call then reports it as a crash."""

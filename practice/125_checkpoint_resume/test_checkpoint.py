@@ -356,15 +356,15 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(target, case, share
     _within(kill_budget)
     k1, n = case["k1"], case["n_save"]
     folder = _folder(shared, "torn", request.node.nodeid, case, os.urandom(8))
-    harness.run(_session, n, target, case, folder, k1, False, True, shared_dir=shared)
+    harness.run(_session, n, target, case, folder, k1, False, True, probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     whole = _folder(shared, "whole", request.node.nodeid, case, os.urandom(8))
     shutil.copytree(folder, whole, dirs_exist_ok=True)   # for the same save, uninterrupted: the bytes it writes
     kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
-    during = harness.run(_session, n, target, case, folder, 1, True, True, shared_dir=shared, kill=kill)
+    during = harness.run(_session, n, target, case, folder, 1, True, True, probes=[shared, kill])
     torn = None
     if _WRITE_EVENT.match(during.killed.event if during.killed else ""):
-        harness.run(_session, n, target, case, whole, 1, True, True, shared_dir=shared)
+        harness.run(_session, n, target, case, whole, 1, True, True, probes=[shared])
         torn = _tear(during.killed, folder, whole)
     marker = os.path.join(os.path.realpath(folder), f"step_{k1 + 1}", "COMMIT")
     killed = (f"rank {during.killed.rank} of {n} was killed while saving step {k1 + 1}, "
