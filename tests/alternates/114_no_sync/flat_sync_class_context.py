@@ -36,18 +36,19 @@ class AccumulatingDDP(nn.Module):
         self._trainable = [p for p in module.parameters() if p.requires_grad]
         self._ready = 0
         for p in self._trainable:
-            p.register_post_accumulate_grad_hook(self._average_grad)
+            p.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def _average_grad(self, p):
-        if not self.require_backward_grad_sync:
-            return
-        self._ready += 1
-        if self._ready < len(self._trainable):
-            return
-        self._ready = 0
+    def _gradient_ready(self, p):
+        """Counts the gradients of a synchronised backward; the last one of them syncs them all."""
+        self._ready += self.require_backward_grad_sync
+        if self._ready == len(self._trainable):
+            self._ready = 0
+            self._average_all()
+
+    def _average_all(self):
         flat = torch.cat([q.grad.flatten() for q in self._trainable])
         dist.all_reduce(flat)
         flat /= dist.get_world_size()
