@@ -1,5 +1,5 @@
-"""A simulator that is a memoised recursion on end times, schedules built with itertools, SimResult as a NamedTuple, and a pipeline that
-runs its backward with torch.autograd.backward and returns the loss summed as a tensor.
+"""A simulator that is a memoised recursion on end times, schedules built with itertools, SimResult as a
+NamedTuple, and a pipeline that runs its backward with torch.autograd.backward and sums the loss as a tensor.
 
 end(s, k) = max(end(s, k - 1), each dependency's end + t_comm across a link) + the op's duration, computed on
 demand with a cache.  An op met again while its own end is still being computed lies on a cycle; every op
