@@ -79,13 +79,34 @@ def _record_activations(units, seen):
         unit.register_forward_hook(lambda m, args, output: seen.append(output))
 
 
-def _still_held(when, before, exclude, saved=None):
-    """(when, bytes, description) of the storages alive now that were not before, less ``exclude``.
+def generator_states():
+    """This rank's random-number generator states, as torch.utils.checkpoint saves them for each region it will
+    recompute (preserve_rng_state): the CPU generator's and, on a GPU, the device's.  No parameter is in them."""
+    states = [torch.get_rng_state()]
+    if harness.device().type == "cuda":
+        states.append(torch.cuda.get_rng_state(harness.device()))
+    return states
+
+
+def _copies_of(held, states) -> list:
+    """The storages among ``held`` whose bytes are exactly one of ``states``."""
+    def copies(h):
+        if str(h.storage.device) != "cpu" or h.nbytes not in {t.numel() for t in states}:
+            return False
+        content = torch.empty(0, dtype=torch.uint8).set_(h.storage)
+        return any(torch.equal(content, t) for t in states if t.numel() == h.nbytes)
+    return [h.storage for h in held.values() if copies(h)]
+
+
+def _still_held(when, before, exclude, saved=None, states=()):
+    """(when, bytes, description) of the storages alive now that were not before, less ``exclude`` and less
+    copies of the generator ``states`` taken before the pass.
 
     Every storage in the rank counts (found through gc: attributes, closures, dicts, ...), and so does
     every storage autograd saved for backward in ``saved`` (C++ holds those, out of gc's sight).
     """
     held = harness.live_storages(exclude=[before, exclude])
+    held = held.without(_copies_of(held, states))
     words = held.describe()
     if saved is not None:
         only_saved = saved.storages(exclude=[before, exclude, held])
@@ -120,6 +141,7 @@ def _train(target, widths, local_batch, steps, optimizer, seed, micro_batches=1,
         for micro, (x, y) in enumerate(batches[step * micro_batches:(step + 1) * micro_batches]):
             when = f"step {step}" + (f", backward pass {micro + 1} of {micro_batches}" if micro_batches > 1 else "")
             activations.clear()
+            states = generator_states() if measure else ()
             # held, so no storage allocated later can reuse an address and pass for one of these
             before = harness.live_storages(collect=False) if measure else None
             with harness.phase("forward", step=step), (harness.saved_for_backward() if measure else nullcontext()) \
@@ -129,7 +151,7 @@ def _train(target, widths, local_batch, steps, optimizer, seed, micro_batches=1,
             shards = list(fsdp.parameters())
             if measure:
                 out["memory"].append(_still_held(f"{when}: after the forward returned, before backward", before,
-                                                 [activations, prediction, shards], saved))
+                                                 [activations, prediction, shards], saved, states))
             loss = mse(prediction, shard(y, rank, world))
             with harness.phase("backward", step=step):
                 loss.backward()
@@ -137,7 +159,7 @@ def _train(target, widths, local_batch, steps, optimizer, seed, micro_batches=1,
             if measure:
                 out["memory"].append(_still_held(f"{when}: after loss.backward() returned", before,
                                                  [activations, prediction, loss, shards, [p.grad for p in shards]],
-                                                 saved))
+                                                 saved, states))
         out["grads"].append([None if p.grad is None else p.grad.detach().clone() for p in fsdp.parameters()])
         opt.step()
         out["history"].append([p.detach().clone() for p in fsdp.parameters()])
@@ -305,8 +327,9 @@ def test_gathered_parameters_do_not_stay_alive(target, case):
         for when, nbytes, held in out["memory"]:
             harness.check(nbytes == 0,
                           f"{when}, this rank holds {nbytes} bytes of tensor storage that the pass created: {held}.  "
-                          "Beyond the activations (each unit's input and output), the shards and their gradients, "
-                          "nothing may outlive a unit's forward or backward: free the gathered full parameters' "
+                          "Beyond the activations (each unit's input and output), the shards and their gradients "
+                          "(and the random-number states torch.utils.checkpoint keeps), nothing may outlive a "
+                          "unit's forward or backward: free the gathered full parameters' "
                           "storage (untyped_storage().resize_(0)), do not just drop them from the unit's "
                           "attributes; the views of them that autograd saved for backward, and any tensor your "
                           "code keeps, are counted wherever they are held "

@@ -7,12 +7,17 @@ the test process then checks that the rank holds exactly its shard, once, in
 storage of its own, and that the gradients of what it holds are the matching
 entries of the full gradients.  Fused, split, transposed or renamed parameters
 all pass; a full copy, a wrong slice or a view into the full tensor do not.
+
+What the module's attributes do not show (a full weight in a closure, a default
+argument or a module-level dict) is found by ``kept_storages``: every tensor storage
+left alive in the rank after the rank has dropped its own references to the full
+layers, read by value like the rest.
 """
 from __future__ import annotations
 
 import torch
 
-from harness import PropertyFailed, assert_close, check
+from harness import PropertyFailed, assert_close, check, live_storages
 
 
 def distinct_values_(tensors, seed: int, scale: float = 1.0):
@@ -30,30 +35,60 @@ def distinct_values_(tensors, seed: int, scale: float = 1.0):
     return tensors
 
 
-def held_tensors(module) -> list[dict]:
-    """Rank side: every floating tensor ``module`` keeps (parameters with their grads, buffers, tensor attributes)."""
-    out, seen = [], set()
+def own_tensors(module):
+    """(name, kind, tensor, grad) for every tensor ``module`` keeps: parameters with their grads, buffers, and
+    tensor attributes (also one level inside a list, tuple or dict), each once."""
+    seen = set()
 
-    def add(name, kind, t, grad=None):
-        if id(t) in seen or not t.is_floating_point():
-            return
-        seen.add(id(t))
-        out.append({"name": name, "kind": kind, "value": t.detach().cpu().clone(),
-                    "grad": None if grad is None else grad.detach().cpu().clone(),
-                    "bytes": t.numel() * t.element_size(), "storage_bytes": t.untyped_storage().nbytes()})
+    def once(name, kind, t, grad=None):
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield name, kind, t, grad
 
     for name, p in module.named_parameters():
-        add(name, "parameter", p, p.grad)
+        yield from once(name, "parameter", p, p.grad)
     for name, b in module.named_buffers():
-        add(name, "buffer", b)
+        yield from once(name, "buffer", b)
     for prefix, sub in module.named_modules():
         for key, value in vars(sub).items():
             name = f"{prefix}.{key}" if prefix else key
             items = value.items() if isinstance(value, dict) else enumerate(value) \
                 if isinstance(value, (list, tuple)) else [(None, value)]
-            for k, v in items:  # plain tensor attributes, and tensors one level inside a list, tuple or dict
+            for k, v in items:
                 if isinstance(v, torch.Tensor) and key not in ("_parameters", "_buffers"):
-                    add(name if k is None else f"{name}[{k!r}]", "attribute", v)
+                    yield from once(name if k is None else f"{name}[{k!r}]", "attribute", v)
+
+
+def held_tensors(module) -> list[dict]:
+    """Rank side: every floating tensor ``module`` keeps (``own_tensors``), as plain data."""
+    return [{"name": name, "kind": kind, "value": t.detach().cpu().clone(),
+             "grad": None if grad is None else grad.detach().cpu().clone(),
+             "bytes": t.numel() * t.element_size(), "storage_bytes": t.untyped_storage().nbytes()}
+            for name, kind, t, grad in own_tensors(module) if t.is_floating_point()]
+
+
+def storages_before(layers):
+    """Rank side: every tensor storage alive now except the full layers' own, held so that no later storage
+    takes one of their addresses (the full layers' storages must stay free to die)."""
+    return live_storages(collect=False).without([p for layer in layers.values() for p in layer.parameters()])
+
+
+def kept_storages(module, before, exclude, dtype) -> list[dict]:
+    """Rank side: the values of every tensor storage alive now that was not ``before``, less ``exclude`` and
+    less ``module``'s own tensors, wherever it is held (through gc: closures, default arguments, module-level
+    objects...).  A storage that no floating tensor views (a bare storage, a byte view) is read as ``dtype``,
+    the full layers' dtype."""
+    own = [t for _, _, tensor, grad in own_tensors(module) for t in (tensor, grad) if t is not None]
+    out = []
+    for held in live_storages(exclude=[before, exclude, own]).values():
+        as_dtype = getattr(torch, held.dtype.removeprefix("torch."), None) if held.dtype != "storage" else None
+        if as_dtype is None or not as_dtype.is_floating_point:
+            as_dtype = dtype
+        if held.nbytes % as_dtype.itemsize:
+            continue
+        content = torch.empty(0, dtype=as_dtype, device=held.storage.device).set_(held.storage)
+        out.append({"name": f"a storage of {held.describe()}", "kind": "storage", "value": content.cpu().clone(),
+                    "grad": None})
     return out
 
 
@@ -110,6 +145,20 @@ def check_holds_exactly(full: dict, held: list, shards: dict, rank=None) -> Hold
         check(not twice, f"holds {_entries(len(twice))} of {name} ({what}) more than once, in "
                          f"{holding._holders(name, twice)}", rank=rank)
     return holding
+
+
+def check_nothing_else_kept(full: dict, kept: list, shards: dict, rank=None):
+    """No storage alive in the rank beyond its layer's own tensors holds an entry outside the rank's shard."""
+    holding = Holding(full, kept)
+    for name in full:
+        index, what = shards.get(name, (torch.zeros(0, dtype=torch.long), "nothing"))
+        mine = torch.zeros(full[name].numel(), dtype=torch.bool)
+        mine[index.flatten()] = True
+        extra = set(torch.nonzero(~mine & (holding.count[name] > 0)).flatten().tolist())
+        check(not extra, f"keeps {_entries(len(extra))} of {name} outside its shard (its shard is {what}) in "
+                         f"{holding._holders(name, extra)}, alive in the rank after the full layers were dropped "
+                         "but in none of the layer's attributes (a closure, a default argument or a module-level "
+                         "object holds it): keep only the shard, not the full tensor", rank=rank)
 
 
 def check_shard_grads(full: dict, held: list, full_grads: dict, shards: dict, rank=None, atol=1e-9, rtol=1e-7):

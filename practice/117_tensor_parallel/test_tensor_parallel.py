@@ -18,8 +18,8 @@ from testkit import strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 
 # this folder's own helper, shard_match.py (conftest.py makes it importable by name)
-from shard_match import (check_holds_exactly, check_own_storage, check_shard_grads, columns, distinct_values_,
-                         held_tensors, rows)
+from shard_match import (check_holds_exactly, check_nothing_else_kept, check_own_storage, check_shard_grads, columns,
+                         distinct_values_, held_tensors, kept_storages, rows, storages_before)
 
 # The expected values are tiny tensors: one thread computes them ~100x faster than a pool
 # competing with the ranks for the cores.
@@ -282,18 +282,22 @@ def layer_spec(case) -> dict:
     return {k: v for k, v in case.items() if k != "seed"}
 
 
-def _tp_layer(target, spec, mine, tp_size=None):
+def _tp_layer(target, spec, mine, tp_size=None, scan=False):
     """Runs on every rank: build the parallel layer from the full one, forward, backward, report."""
     m = target.load()
     if tp_size is None:
-        return _layer_step(m, spec, mine, None)
+        return _layer_step(m, spec, mine, None, scan)
     with contiguous_groups(tp_size) as (group, _, _):
-        return _layer_step(m, spec, mine, group)
+        return _layer_step(m, spec, mine, group, scan)
 
 
-def _layer_step(m, spec, mine, group):
+def _layer_step(m, spec, mine, group, scan):
+    """With ``scan``, also every storage still alive once this function has let go of the full layers."""
+    layers = mine.pop("layers")   # the argument's only reference to them: after construction they may die
+    before = storages_before(layers) if scan else None
     with harness.phase("construct"):
-        layer = _construct(m, spec, mine["layers"], group)
+        layer = _construct(m, spec, layers, group)
+    del layers
     x = mine["x"].requires_grad_()
     with harness.phase("forward"):
         y = layer(x)
@@ -303,16 +307,20 @@ def _layer_step(m, spec, mine, group):
             y.backward(mine["grad"])
         out["x_grad"] = x.grad
     out["held"] = held_tensors(layer)
+    if scan:
+        out["kept"] = kept_storages(layer, before, [out, mine, x, y], spec["dtype"])
     return out
 
 
-def run_layers(target, case, world=None, tp_size=None):
+def run_layers(target, case, world=None, tp_size=None, scan=False):
     """The layer on case["n"] ranks; or, with ``tp_size``, on ``world`` ranks as groups of tp_size."""
     if tp_size is None:
         world, where = case["n"], {rank: (0, rank, case["n"]) for rank in range(case["n"])}
     else:
         where = {rank: (i, r, tp_size) for rank, (i, r) in positions(world, tp_size).items()}
-    return harness.run(_tp_layer, world, target, layer_spec(case), layer_inputs_by_rank(case, where), tp_size)
+    # a scan walks every object in the rank (0.1 s or more a rank)
+    return harness.run(_tp_layer, world, target, layer_spec(case), layer_inputs_by_rank(case, where), tp_size, scan,
+                       timeout=30 if scan else None)
 
 
 def _describe(case) -> str:
@@ -383,11 +391,13 @@ def test_weight_grads_are_slices_of_full_grads(target, case):
 @hs.fewer_examples(0.5)
 @given(tp_cases())
 def test_parameters_are_shards(target, case):
-    values = run_layers(target, case).values
+    values = run_layers(target, case, scan=True).values
     tensors = full_tensors(full_layers(case))
     for r, out in enumerate(values):
-        check_holds_exactly(tensors, out["held"], shards(case, r, case["n"]), rank=r)
+        mine = shards(case, r, case["n"])
+        check_holds_exactly(tensors, out["held"], mine, rank=r)
         check_own_storage(out["held"], rank=r)
+        check_nothing_else_kept(tensors, out["kept"], mine, rank=r)
 
 
 def _elements(shape) -> int:
