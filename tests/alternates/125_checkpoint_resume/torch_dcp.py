@@ -27,7 +27,8 @@ def _sha256(path):
 
 class Trainer:
     def __init__(self, model, dataset, global_batch, optimizer_cls, seed, dropout=0.0, **opt_kwargs):
-        self.model, self.dataset, self.global_batch, self.seed, self.dropout = model, dataset, global_batch, seed, dropout
+        self.model, self.dataset, self.global_batch = model, dataset, global_batch
+        self.seed, self.dropout = seed, dropout
         self.params = list(model.parameters())
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
