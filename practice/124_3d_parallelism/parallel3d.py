@@ -47,8 +47,9 @@ def make_groups(world_size: int, dp: int, tp: int, pp: int) -> Groups:
 class Parallel3D(nn.Module):
     """A stack of L MLP blocks, x -> fc2(gelu(fc1(x))), trained with data x tensor x pipeline parallelism.
 
-    ``blocks``: the full model, a list of L (fc1, fc2) pairs of nn.Linear (fc1: d -> h, fc2: h -> d),
-    the same on every rank.  ``groups``: a ``Groups``.  ``microbatches``: m.  ``lr``: plain SGD's step.
+    ``blocks``: the model, a list of L entries: the (fc1, fc2) pair of nn.Linear (fc1: d -> h, fc2: h -> d)
+    for each block of this rank's stage, None for every other block (a rank is given its own stage's
+    blocks only).  ``groups``: a ``Groups``.  ``microbatches``: m.  ``lr``: plain SGD's step.
 
     * Stage s = groups.pp_rank keeps blocks [s*L/pp, (s+1)*L/pp) (contiguous, equal counts).
     * Each block is Megatron's MLP over groups.tp_group: this rank keeps rows [t*h/tp, (t+1)*h/tp) of
@@ -62,10 +63,11 @@ class Parallel3D(nn.Module):
         raise NotImplementedError("Parallel3D.__init__: see README.md, 'Parallel3D'")
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor):
-        """One SGD step on the global batch x, y ([B, d] each, the same on every rank; dp*m divides B).
+        """One SGD step on this replica's rows x, y ([B/dp, d] each; dp*m divides B): x holds its values
+        on stage 0 only, y on the last stage only, and both are NaN of the same shape elsewhere.
 
-        This replica takes rows x.tensor_split(dp)[dp_rank], splits them into m micro-batches
-        (tensor_split(m)), and runs them through the pipeline (1F1B or GPipe; sends non-blocking).
+        Split them into m micro-batches (tensor_split(m)) and run them through the pipeline (1F1B or
+        GPipe; sends non-blocking).
         Each micro-batch's loss is F.mse_loss(out, y_mb) / m.  Then every gradient is averaged over
         groups.dp_group (all_reduce, then / dp) and p -= lr * grad.
 

@@ -1,7 +1,8 @@
 """Problem 124 properties.  Each test is one line of the statement's list.
 
 Learner code runs only on the ranks (``harness.run``); the single-process model is trained here,
-in the test process, in float64.  Which entries of the full model a rank holds is found by
+in the test process, in float64.  Each rank is given only its own stage's blocks and the data its
+role needs (``harness.per_rank``).  Which entries of the full model a rank holds is found by
 value (``grid3d.py``, beside this file), never by reading attribute names.  What moved between
 ranks comes from the harness's trace.  Training runs get the process groups built by the test in
 Megatron's order, so a wrong ``make_groups`` fails only the groups' own property.
@@ -175,7 +176,7 @@ def _linear(weight, bias):
     return layer
 
 
-def _train(target, case, full, batches):
+def _train(target, case, given):
     """Runs on every rank: Parallel3D on the test's Megatron groups, ``steps`` train_steps, one phase each."""
     mod = target.load()
     dtype, where = getattr(torch, case["dtype"]), harness.device()
@@ -183,9 +184,11 @@ def _train(target, case, full, batches):
     def tensor(values):
         return torch.tensor(values, dtype=dtype, device=where)
 
-    blocks = [(_linear(tensor(full[f"blocks.{b}.fc1.weight"]), tensor(full[f"blocks.{b}.fc1.bias"])),
-               _linear(tensor(full[f"blocks.{b}.fc2.weight"]), tensor(full[f"blocks.{b}.fc2.bias"])))
-              for b in range(case["blocks"])]
+    blocks = [None if block is None else
+              (_linear(tensor(block["fc1.weight"]), tensor(block["fc1.bias"])),
+               _linear(tensor(block["fc2.weight"]), tensor(block["fc2.bias"])))
+              for block in given["blocks"]]
+    batches = given["batches"]
     d, t, p = coords(dist.get_rank(), case["dp"], case["tp"], case["pp"])
     with grid_groups(case["dp"], case["tp"], case["pp"]) as g:
         groups = mod.Groups(dp_group=g["dp"], tp_group=g["tp"], pp_group=g["pp"], dp_rank=d, tp_rank=t, pp_rank=p)
@@ -200,11 +203,34 @@ def _train(target, case, full, batches):
         return {"held": held, "final": [q.detach().clone() for q in model.parameters()], "losses": losses}
 
 
+LAYERS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+def given_to_ranks(case):
+    """per_rank: each rank's blocks (the whole matrices of its own stage's blocks, None for the others' blocks)
+    and, for each step, its replica's rows of x and y: x with its values on stage 0 only, y on the last stage
+    only, NaN of the same shape elsewhere.  Tensors travel as lists (plain data)."""
+    full, batches = full_model(case), global_batches(case)
+    dp, pp = case["dp"], case["pp"]
+    per = case["blocks"] // pp
+
+    def role(rows, has_it):
+        return (rows if has_it else torch.full_like(rows, float("nan"))).tolist()
+
+    given = []
+    for rank in range(_world(case)):
+        d, _, p = coords(rank, dp, case["tp"], pp)
+        blocks = [{k: full[f"blocks.{b}.{k}"].tolist() for k in LAYERS} if p * per <= b < (p + 1) * per else None
+                  for b in range(case["blocks"])]
+        steps = [[role(x.tensor_split(dp)[d], p == 0), role(y.tensor_split(dp)[d], p == pp - 1)]
+                 for x, y in batches]
+        given.append({"blocks": blocks, "batches": steps})
+    return harness.per_rank(given)
+
+
 def run_case(target, case):
-    """One run per drawn case, shared by the properties below (reuse).  Tensors travel as lists (plain data)."""
-    full = {name: t.tolist() for name, t in full_model(case).items()}
-    batches = [[x.tolist(), y.tolist()] for x, y in global_batches(case)]
-    return harness.run(_train, _world(case), target, case, full, batches, reuse=True)
+    """One run per drawn case, shared by the properties below (reuse)."""
+    return harness.run(_train, _world(case), target, case, given_to_ranks(case), reuse=True)
 
 
 def describe(case) -> str:
@@ -348,6 +374,7 @@ def test_eight_ranks_dp2_tp2_pp2(target, case):
 # ---- sizes that do not split --------------------------------------------------------------------------
 
 def _construct_only(target, case, full):
+    """Parallel3D on sizes that do not split: every rank is given every block (there are no stages)."""
     mod = target.load()
     d, t, p = coords(dist.get_rank(), case["dp"], case["tp"], case["pp"])
 

@@ -42,9 +42,10 @@ class Trainer:
 
     def save(self, directory: str, step: int) -> None:
         """Collective.  Save the checkpoint of step ``step`` (the caller passes ``self.step``) into
-        ``directory/step_<step>/``: every rank writes
-        its own part (a temporary name, then a rename), then, after a barrier, one rank writes the commit marker
-        ``COMMIT`` last and atomically.  Returns on every rank once COMMIT is in place."""
+        ``directory/step_<step>/``: the protocol is that every rank writes its own part (a temporary name, then
+        a rename; who writes which file is yours), then, after a barrier, one rank writes the commit marker
+        ``COMMIT`` last and atomically, naming every file with its sha256.  Returns on every rank once COMMIT is
+        in place."""
         raise NotImplementedError
 
     def resume(self, directory: str) -> int:

@@ -4,7 +4,10 @@ Learner code runs only on the ranks (``harness.run``), which share one folder pe
 (``harness.SharedFolder``); every hypothesis example gets its own sub-folder, made here.  Expected values come
 from uninterrupted single-process training in this process (``ckpt_data.oracle``).  Which samples a
 rank consumed is read from the dataset's own log of ``dataset[i]`` calls, never from the trainer.
+Each rank is given the model and only its own samples (``harness.per_rank``); the seeds of the model
+and the data stay here.
 """
+import copy
 import hashlib
 import os
 import re
@@ -80,18 +83,24 @@ def _optimizer_view(opt):
             "state": {k: torch.cat(v) for k, v in flat.items()}, "scalars": scalars}
 
 
-def _session(target, case, directory, steps, resume, save, check=False, catch=False):
-    """Build a Trainer (a fresh model), optionally resume, train ``steps`` steps (saving after each if asked).
+def _trainer(m, setup, given):
+    """A Trainer on this rank's model and its own samples (the dataset returns CPU tensors, as the contract says)."""
+    opt = setup["optimizer"]
+    dataset = LoggedDataset(given["x"].cpu(), given["y"].cpu())
+    return m.Trainer(given["model"], dataset, setup["global_batch"], opt.cls, setup["seed"], setup["dropout"],
+                     **opt.kwargs), dataset
 
-    ``catch``: an exception out of resume() is returned ({"resume_error": ...}) rather than raised."""
+
+def _session(target, setup, given, directory, steps, resume, save, check=False, catch=False):
+    """Build a Trainer, optionally resume, train ``steps`` steps (saving after each if asked).
+
+    After each save, whether its COMMIT existed when save() returned on this rank.  ``catch``: an exception out
+    of resume() is returned ({"resume_error": ...}) rather than raised."""
     m = target.load()
-    # a resumed trainer starts from other weights: only what it loads can make it right
-    model = random_mlp(case["widths"], case["init_seed"] + (1 if resume else 0))
-    dataset = LoggedDataset(*make_data(case["n"], case["widths"][0], case["widths"][-1], case["data_seed"]))
-    opt = case["optimizer"]
+    model = given["model"]
     with harness.phase("construct"):
-        trainer = m.Trainer(model, dataset, case["global_batch"], opt.cls, case["seed"], case["dropout"], **opt.kwargs)
-    out = {"start": 0}
+        trainer, dataset = _trainer(m, setup, given)
+    out = {"start": 0, "committed": []}
     if resume:
         with harness.phase("resume"):
             try:
@@ -113,19 +122,63 @@ def _session(target, case, directory, steps, resume, save, check=False, catch=Fa
         out["fetched"].append(list(dataset.fetched[before:]))
         out["history"].append(torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]))
         if save:
+            k = trainer.step
             with harness.phase("save", step=step):
-                trainer.save(directory, trainer.step)
+                trainer.save(directory, k)
+            out["committed"].append(os.path.isfile(os.path.join(directory, f"step_{k}", "COMMIT")))
     if check:
         out["optimizer"] = _optimizer_view(trainer.local_optimizer)
     return out
 
 
+def trainer_setup(case):
+    """What every rank builds its Trainer with, besides the model and the data: the contract's arguments."""
+    return {key: case[key] for key in ("global_batch", "optimizer", "seed", "dropout")}
+
+
+def given_to_ranks(case, world, first_step, steps, resumed):
+    """per_rank: the model, and a dataset of all n rows holding real values only for the samples that rank
+    fetches in steps [first_step, first_step + steps) (the others are NaN).  A resumed run gets a fresh model
+    (other weights): only what resume() loads can make it right."""
+    model = random_mlp(case["widths"], case["init_seed"] + (1 if resumed else 0))
+    x, y = make_data(case["n"], case["widths"][0], case["widths"][-1], case["data_seed"])
+    given = []
+    for rank in range(world):
+        mine = sorted({i for step in range(first_step, first_step + steps)
+                       for i in epoch_batches(case["n"], case["global_batch"], case["seed"], step)[1][rank::world]})
+        own_x, own_y = torch.full_like(x, float("nan")), torch.full_like(y, float("nan"))
+        own_x[mine], own_y[mine] = x[mine], y[mine]
+        given.append({"model": model, "x": own_x, "y": own_y})
+    return harness.per_rank(given)
+
+
+def _paths_under(folder):
+    for dirpath, _, files in os.walk(folder):
+        yield dirpath
+        yield from (os.path.join(dirpath, f) for f in files)
+
+
+def _copy_newest_out_of_order(folder, newest):
+    """Make step_<newest> and everything in it 60 s older than every other checkpoint, as a copy made out of
+    order leaves them: file times say nothing about which step is the newest."""
+    others = [os.path.join(folder, e) for e in os.listdir(folder) if e.startswith("step_") and e != f"step_{newest}"]
+    if not others:
+        return
+    when = min(os.path.getmtime(p) for other in others for p in _paths_under(other)) - 60
+    for path in _paths_under(os.path.join(folder, f"step_{newest}")):
+        os.utime(path, (when, when))
+
+
 def _save_then_resume(target, case, shared):
-    """Call A: train k1 steps on N ranks, saving after each.  Call C: resume on M ranks, train k2 more."""
+    """Call A: train k1 steps on N ranks, saving after each.  Then step_<k1> is made to look older than the
+    other checkpoints.  Call C: resume on M ranks, train k2 more."""
     folder = _folder(shared, "resume", case)
-    first = harness.run(_session, case["n_save"], target, case, folder, case["k1"], False, True,
-                        probes=[shared], reuse=True).values
-    second = harness.run(_session, case["n_resume"], target, case, folder, case["k2"], True, False, True,
+    k1, k2, setup = case["k1"], case["k2"], trainer_setup(case)
+    first = harness.run(_session, case["n_save"], target, setup, given_to_ranks(case, case["n_save"], 0, k1, False),
+                        folder, k1, False, True, probes=[shared], reuse=True).values
+    _copy_newest_out_of_order(folder, k1)
+    second = harness.run(_session, case["n_resume"], target, setup,
+                         given_to_ranks(case, case["n_resume"], k1, k2, True), folder, k2, True, False, True,
                          probes=[shared], reuse=True).values
     return folder, first, second
 
@@ -160,7 +213,9 @@ def test_resume_on_another_world_size_matches_uninterrupted(target, case, shared
     for rank, out in enumerate(second):
         harness.check(out["start"] == k1,
                       f"resume() returned step {out['start']}; the complete checkpoints are steps 1..{k1}, and the "
-                      f"newest (the largest step, compared as a number) is {k1}", rank=rank)
+                      f"newest (the largest step, compared as a number) is {k1}, though its files are 60 s older "
+                      "than the others' (as an out-of-order copy leaves them): choose by step, never by file time",
+                      rank=rank)
         _compare(out["resumed_params"], expected[k1 - 1]["params"],
                  f"parameters right after resume() from step {k1} ({_describe(case)})", rank, k1)
         for i, got in enumerate(out["history"]):
@@ -289,11 +344,13 @@ def test_killed_save_leaves_the_last_complete_checkpoint(target, case, shared, r
     complete checkpoint (the torn one is ignored) with exactly its state."""
     _within(kill_budget)
     folder = _folder(shared, "kill", request.node.nodeid, case, os.urandom(8))
-    k1, n = case["k1"], case["n_save"]
-    harness.run(_session, n, target, case, folder, k1, False, True, probes=[shared])
+    k1, n, setup = case["k1"], case["n_save"], trainer_setup(case)
+    harness.run(_session, n, target, setup, given_to_ranks(case, n, 0, k1, False), folder, k1, False, True,
+                probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
-    during = harness.run(_session, n, target, case, folder, 1, True, True, probes=[shared, kill])
+    during = harness.run(_session, n, target, setup, given_to_ranks(case, n, k1, 1, True), folder, 1, True, True,
+                         probes=[shared, kill])
     if during.killed is None:
         _check_committed(folder, k1 + 1, f"resume(), one step and save() returned on every rank after step {k1 + 1}")
     complete = os.path.isfile(os.path.join(folder, f"step_{k1 + 1}", "COMMIT"))
@@ -307,7 +364,8 @@ def _check_resumes_from(target, case, shared, folder, want, killed, complete):
     """resume() on M ranks returns step ``want`` with exactly its state, and one more step trains on from it."""
     k1 = case["k1"]
     expected = oracle(case, want + 1)
-    after = harness.run(_session, case["n_resume"], target, case, folder, 1, True, False, catch=True,
+    after = harness.run(_session, case["n_resume"], target, setup,
+                        given_to_ranks(case, case["n_resume"], want, 1, True), folder, 1, True, False, catch=True,
                         probes=[shared]).values
     for rank, out in enumerate(after):
         harness.check("resume_error" not in out,
@@ -354,17 +412,19 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(target, case, share
     it was writing, leaves the previous checkpoint the newest complete one: a file under its final name is always
     whole (written under a temporary name, then renamed), above all COMMIT."""
     _within(kill_budget)
-    k1, n = case["k1"], case["n_save"]
+    k1, n, setup = case["k1"], case["n_save"], trainer_setup(case)
     folder = _folder(shared, "torn", request.node.nodeid, case, os.urandom(8))
-    harness.run(_session, n, target, case, folder, k1, False, True, probes=[shared])
+    harness.run(_session, n, target, setup, given_to_ranks(case, n, 0, k1, False), folder, k1, False, True,
+                probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     whole = _folder(shared, "whole", request.node.nodeid, case, os.urandom(8))
     shutil.copytree(folder, whole, dirs_exist_ok=True)   # for the same save, uninterrupted: the bytes it writes
     kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
-    during = harness.run(_session, n, target, case, folder, 1, True, True, probes=[shared, kill])
+    later = given_to_ranks(case, n, k1, 1, True)
+    during = harness.run(_session, n, target, setup, later, folder, 1, True, True, probes=[shared, kill])
     torn = None
     if _WRITE_EVENT.match(during.killed.event if during.killed else ""):
-        harness.run(_session, n, target, case, whole, 1, True, True, probes=[shared])
+        harness.run(_session, n, target, setup, later, whole, 1, True, True, probes=[shared])
         torn = _tear(during.killed, folder, whole)
     marker = os.path.join(os.path.realpath(folder), f"step_{k1 + 1}", "COMMIT")
     killed = (f"rank {during.killed.rank} of {n} was killed while saving step {k1 + 1}, "
@@ -379,18 +439,45 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(target, case, share
     _check_resumes_from(target, case, shared, folder, k1 + 1 if complete else k1, killed, complete)
 
 
+@st.composite
+def commit_cases(draw):
+    case = draw(resume_cases().filter(lambda c: c["n_save"] >= 2))
+    case["kill_rank"] = draw(st.sampled_from([0] * case["n_save"] + list(range(case["n_save"]))))
+    case["kill_event"] = draw(st.integers(1, 6))
+    return case
+
+
+@hs.fewer_examples(0.3, minimum=4)
+@example(case=dict(_KILL_EXAMPLE, kill_rank=0, kill_event=4))
+@example(case=dict(_KILL_EXAMPLE, kill_rank=0, kill_event=5))
+@given(case=commit_cases())
+def test_save_returns_once_committed(target, case, shared, request):
+    """save() returns on a rank only once its checkpoint is committed: when a rank is killed during the first
+    save (the one that commits, before COMMIT exists), no rank returns from save() without COMMIT."""
+    folder = _folder(shared, "commit", request.node.nodeid, case, os.urandom(8))
+    n = case["n_save"]
+    kill = harness.KillAt(rank=case["kill_rank"], event=case["kill_event"], under=folder)
+    during = harness.run(_session, n, target, trainer_setup(case), given_to_ranks(case, n, 0, 1, False), folder, 1,
+                         False, True, probes=[shared, kill])
+    killed = (f"rank {during.killed.rank} of {n} was killed at {during.killed.event}" if during.killed
+              else "no kill fired")
+    for rank, out in enumerate(during.values):
+        if out is None:
+            continue                    # killed, or still inside save() when the call ended: right
+        harness.check(out["committed"] == [True],
+                      f"save(directory, 1) returned on rank {rank} while step_1/COMMIT did not exist ({killed}): "
+                      "save() ends with a barrier after COMMIT is in place, so that once it returns, on any rank, "
+                      f"the checkpoint is complete ({_describe(case)})", rank=rank)
+
+
 # ---- a damaged checkpoint -----------------------------------------------------------------------
 
-def _try_resume(target, case, empty, damaged):
+def _try_resume(target, setup, given, empty, damaged):
     """resume() on an empty folder, then on the damaged checkpoint: what each raised (or returned)."""
     m = target.load()
     seen = []
     for directory in (empty, damaged):
-        model = random_mlp(case["widths"], case["init_seed"] + 1)
-        dataset = LoggedDataset(*make_data(case["n"], case["widths"][0], case["widths"][-1], case["data_seed"]))
-        opt = case["optimizer"]
-        trainer = m.Trainer(model, dataset, case["global_batch"], opt.cls, case["seed"], case["dropout"],
-                            **opt.kwargs)
+        trainer, _ = _trainer(m, setup, dict(given, model=copy.deepcopy(given["model"])))
         try:
             step = trainer.resume(directory)
         except NotImplementedError:
@@ -414,6 +501,20 @@ def damage_cases(draw):
     case["pick"] = draw(st.integers(0, 1000))
     case["where"] = draw(st.floats(0, 1))
     return case
+
+
+def listed_files(step_folder):
+    """The checkpoint's files: those under step_<k>/ (COMMIT aside) whose name, their path from step_<k>/, COMMIT
+    contains as a whole name.  A file that COMMIT does not name (a leftover temporary file) is no part of it."""
+    with open(os.path.join(step_folder, "COMMIT"), "rb") as f:
+        marker = f.read()
+    named = []
+    for path in _paths_under(step_folder):
+        name = os.path.relpath(path, step_folder)
+        if os.path.isfile(path) and name != "COMMIT" and \
+                re.search(rb"(?<![\w.-])" + re.escape(name.encode()) + rb"(?![\w.-])", marker):
+            named.append(name)
+    return sorted(named)
 
 
 def _damage(path, how, where):
@@ -440,15 +541,18 @@ def test_damaged_checkpoint_raises_checkpoint_error_naming_the_file(target, case
     folder = _folder(shared, "damage", request.node.nodeid, case, os.urandom(8))
     empty = _folder(shared, "empty", request.node.nodeid, case, os.urandom(8))
     k1 = case["k1"]
-    harness.run(_session, case["n_save"], target, case, folder, k1, False, True, probes=[shared])
+    harness.run(_session, case["n_save"], target, trainer_setup(case),
+                given_to_ranks(case, case["n_save"], 0, k1, False), folder, k1, False, True, probes=[shared])
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     newest = os.path.join(folder, f"step_{k1}")
-    files = sorted(f for f in os.listdir(newest) if f != "COMMIT" and os.path.isfile(os.path.join(newest, f)))
-    harness.check(bool(files), f"step_{k1} holds only COMMIT: every rank writes its own part of the checkpoint")
+    files = listed_files(newest)
+    harness.check(bool(files), f"step_{k1}/COMMIT names none of the files in step_{k1}/ "
+                  f"({sorted(os.listdir(newest))}): COMMIT lists every file of the checkpoint by name")
     name = files[case["pick"] % len(files)]
     _damage(os.path.join(newest, name), case["damage"], case["where"])
     what = f"step_{k1}/{name} {case['damage']} (saved on {case['n_save']} rank(s))"
-    seen = harness.run(_try_resume, case["n_resume"], target, case, empty, folder, probes=[shared]).values
+    seen = harness.run(_try_resume, case["n_resume"], target, trainer_setup(case),
+                       given_to_ranks(case, case["n_resume"], k1, 0, True), empty, folder, probes=[shared]).values
     for rank, (on_empty, on_damaged) in enumerate(seen):
         for got, situation, named in ((on_empty, "a folder with no checkpoint", None),
                                       (on_damaged, f"a checkpoint with {what}", name)):

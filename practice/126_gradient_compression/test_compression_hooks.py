@@ -4,6 +4,7 @@ The hooks run on real ranks, registered on torch's own DistributedDataParallel; 
 values come from single-process float64 gradients in the test process, and the bytes on the
 wire from the harness's trace of the collectives issued during each backward pass.
 """
+import math
 
 import torch
 import torch.distributed as dist
@@ -37,15 +38,25 @@ def unannotated(hook):
     return comm_hook
 
 
-def _train(target, hook, widths, dtype, r, steps, cap_mb, seed):
+def model_of(widths, seed, dtype, zero_weight=None):
+    """The MLP of the case; with ``zero_weight``, that Linear layer's weight is all zeros."""
+    model = random_mlp(widths, seed, dtype=dtype)
+    if zero_weight is not None:
+        with torch.no_grad():
+            model[2 * zero_weight].weight.zero_()
+    return model
+
+
+def _train(target, hook, widths, dtype, r, steps, cap_mb, seed, loss_scale=1.0, zero_weight=None):
     """Runs on every rank: torch DDP with the hook; ``steps`` backward passes on new batches, no optimizer step.
 
-    Returns each step's gradients (the hook's averaged result, as DDP wrote it into .grad).
+    The loss is the MSE times ``loss_scale``.  Returns each step's gradients (the hook's averaged result, as DDP
+    wrote it into .grad).
     """
     from torch.nn.parallel import DistributedDataParallel
     rank, world = dist.get_rank(), dist.get_world_size()
     module = target.load()
-    model = random_mlp(widths, seed, dtype=dtype)
+    model = model_of(widths, seed, dtype, zero_weight)
     with harness.phase("construct"):
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
         if hook == "bf16_compress_hook":
@@ -56,7 +67,7 @@ def _train(target, hook, widths, dtype, r, steps, cap_mb, seed):
     grads = []
     for step, (x, y) in enumerate(random_batches(steps, ROWS, widths[0], widths[-1], seed + 1, dtype=dtype)):
         model.zero_grad(set_to_none=True)
-        loss = mse(ddp(shard(x, rank, world)), shard(y, rank, world))
+        loss = mse(ddp(shard(x, rank, world)), shard(y, rank, world)) * loss_scale
         with harness.phase("backward", step=step):
             loss.backward()
         grads.append([p.grad.detach().clone() for p in model.parameters()])
@@ -70,7 +81,7 @@ def _run(target, hook, case, dtype):
 
 def local_grads(case, dtype):
     """Single-process, float64: grads[step][rank] = that rank's own gradients (before any averaging)."""
-    model = random_mlp(case["widths"], case["seed"], dtype=dtype).double()
+    model = model_of(case["widths"], case["seed"], dtype, case.get("zero_weight")).double()
     names = [n for n, _ in model.named_parameters()]
     world, out = case["world_size"], []
     for x, y in random_batches(case["steps"], ROWS, case["widths"][0], case["widths"][-1], case["seed"] + 1,
@@ -78,15 +89,18 @@ def local_grads(case, dtype):
         per_rank = []
         for rank in range(world):
             model.zero_grad()
-            mse(model(shard(x.double(), rank, world)), shard(y.double(), rank, world)).backward()
+            (mse(model(shard(x.double(), rank, world)), shard(y.double(), rank, world))
+             * case.get("loss_scale", 1.0)).backward()
             per_rank.append([p.grad.clone() for p in model.parameters()])
         out.append(per_rank)
     return names, out
 
 
 def _describe(case, what):
-    return (f"{what} on {case['world_size']} rank(s), Linear layers {case['widths']}, "
-            f"bucket_cap_mb={case['cap_mb']}")
+    scaled = f", the loss times {case['loss_scale']:g}" if case.get("loss_scale", 1.0) != 1.0 else ""
+    zero = f", layer {case['zero_weight']}'s weight all zeros" if case.get("zero_weight") is not None else ""
+    return (f"{what} on {case['world_size']} rank(s), Linear layers {case['widths']}{zero}, "
+            f"bucket_cap_mb={case['cap_mb']}{scaled}")
 
 
 def powersgd_with_r(case):
@@ -99,15 +113,50 @@ def backward_bytes(trace, rank, step):
 
 # ---- bf16 -----------------------------------------------------------------------------------------
 
+LARGEST_GRAD = 1e5      # past float16's largest value, 65504; bfloat16 reaches 3.4e38
+
+
+@st.composite
+def bf16_cases(draw):
+    """ddp_cases, and half of the time the loss scaled by a power of two so that the largest gradient element
+    is between 1e5 and 2e5 (float16 would overflow there, bfloat16 does not)."""
+    case = draw(ddp_cases())
+    if draw(st.booleans()):
+        case["loss_scale"] = large_gradient_scale(case)
+    return case
+
+
+def large_gradient_scale(case):
+    _, local = local_grads(case, torch.float32)
+    largest = max(float(g.abs().max()) for per_rank in local for grads in per_rank for g in grads)
+    return 2.0 ** math.ceil(math.log2(LARGEST_GRAD / largest))
+
+
+BF16_EXAMPLES = [dict(world_size=3, widths=[5, 3, 4], r=1, steps=2, cap_mb=1e-6, seed=0),
+                 dict(world_size=2, widths=[3, 4, 2], r=1, steps=1, cap_mb=25.0, seed=2, loss_scale=2.0 ** 18)]
+
+
+def _bf16_examples(test):
+    for ex in BF16_EXAMPLES:
+        test = example(ex)(test)
+    return test
+
+
 @hs.fewer_examples(0.3)
-@given(ddp_cases())
-@example(dict(world_size=3, widths=[5, 3, 4], r=1, steps=2, cap_mb=1e-6, seed=0))
+@given(bf16_cases())
+@_bf16_examples
 def test_bf16_bytes_are_half_of_fp32(target, case):
-    """bf16: each backward puts exactly 2 bytes per gradient element on the wire (half of float32)."""
+    """bf16: each backward puts exactly 2 bytes per gradient element on the wire (half of float32), in
+    bfloat16 tensors."""
     _, trace = _run(target, "bf16_compress_hook", case, torch.float32)
     numel = sum(p.numel() for p in random_mlp(case["widths"], 0).parameters())
     for rank in range(case["world_size"]):
         for step in range(case["steps"]):
+            for op in trace.ops(rank, phase="backward", step=step):
+                harness.check(set(op.dtypes) == {"torch.bfloat16"},
+                              f"{_describe(case, 'bf16_compress_hook')}: {op.describe()} carried {op.dtypes}; "
+                              "the gradients go on the wire as torch.bfloat16 (float16 has the same size but "
+                              "overflows past 65504)", rank=rank, step=step)
             sent = backward_bytes(trace, rank, step)
             harness.check(sent == 2 * numel,
                           f"{_describe(case, 'bf16_compress_hook')}: the backward pass's collectives carried {sent} "
@@ -117,10 +166,11 @@ def test_bf16_bytes_are_half_of_fp32(target, case):
 
 
 @hs.fewer_examples(0.3)
-@given(ddp_cases())
-@example(dict(world_size=3, widths=[5, 3, 4], r=1, steps=2, cap_mb=1e-6, seed=0))
+@given(bf16_cases())
+@_bf16_examples
 def test_bf16_average_within_rounding_bound(target, case):
-    """bf16: .grad is float32 and within ((1+u)^(N+1) - 1) * mean_i |g_i| of the exact average, u = 2^-8."""
+    """bf16: .grad is float32 and within ((1+u)^(N+1) - 1) * mean_i |g_i| of the exact average, u = 2^-8, also
+    for gradients past float16's range."""
     values, _ = _run(target, "bf16_compress_hook", case, torch.float32)
     names, local = local_grads(case, torch.float32)
     n = case["world_size"]
@@ -221,17 +271,12 @@ def test_powersgd_full_rank_is_exact(target, case):
                              "P Q^T reproduces the matrix)", rank=rank, step=step, atol=1e-10, rtol=1e-7)
 
 
-@hs.fewer_examples(0.3)
-@given(ddp_cases())
-@_with_examples
-def test_powersgd_is_a_rank_r_projection_with_error_feedback(target, case):
-    """PowerSGD: each weight's result R is the projection of M = average(g + e) onto an r'-dimensional column space.
+def compressed_weights(case, values):
+    """For each weight and step: (name, step, M, the results per rank), M = average over ranks of (g + e).
 
-    r' = min(n, m, r); e is the error left by the earlier steps, which the test rebuilds from the
-    results it saw: average(e_t) = sum over s < t of (average(g_s) - R_s).  The checks: every rank
-    holds the same R, R has r' non-negligible singular values, and R^T (M - R) = 0.
+    e is the error left by the earlier steps, which the test rebuilds from the results it saw (rank 0's):
+    average(e_t) = sum over s < t of (average(g_s) - R_s).
     """
-    values, _ = _run(target, "powersgd_hook", case, torch.float64)
     names, local = local_grads(case, torch.float64)
     n = case["world_size"]
     for i, name in enumerate(names):
@@ -239,29 +284,113 @@ def test_powersgd_is_a_rank_r_projection_with_error_feedback(target, case):
             continue
         err = torch.zeros_like(local[0][0][i])
         for step in range(case["steps"]):
-            g = sum(local[step][j][i] for j in range(n)) / n
-            M = g + err
-            R0 = values[0][step][i]
-            for rank in range(1, n):
-                harness.assert_close(values[rank][step][i], R0, f"{name}.grad on rank {rank} against rank 0's: "
-                                     "the replicas must get the same averaged gradient", rank=rank, step=step,
-                                     atol=1e-12, rtol=1e-9)
-            rows, cols = M.shape
-            r = min(rows, cols, case["r"])
-            scale = float(torch.linalg.matrix_norm(M, 2))
-            sv = torch.linalg.svdvals(R0)
-            what = f"{_describe(case, powersgd_with_r(case))}: {name}.grad ({rows} x {cols})"
-            harness.check(float(sv[r - 1]) > 1e-6 * scale and (len(sv) == r or float(sv[r]) <= 1e-8 * scale),
-                          f"{what} has singular values {[round(float(s), 8) for s in sv]}, but a rank-{r} "
-                          f"approximation P Q^T of a matrix with largest singular value {scale:.4g} has exactly "
-                          f"{r} that are not ~0", step=step)
-            resid = float(torch.linalg.matrix_norm(R0.T @ (M - R0), 2))
-            harness.check(resid <= 1e-8 * scale ** 2,
-                          f"{what} is not the orthogonal projection of M = average over ranks of (gradient + error "
-                          f"feedback) onto its column space: |R^T (M - R)| = {resid:.3g} (|M|^2 = {scale ** 2:.3g}). "
-                          "P must be orthonormalised after its all-reduce, Q = M^T P averaged over ranks, and each "
-                          "rank's error buffer must be (its g + e) - R", step=step)
-            err = M - R0
+            M = sum(local[step][j][i] for j in range(n)) / n + err
+            results = [values[rank][step][i] for rank in range(n)]
+            yield name, step, M, results
+            err = M - results[0]
+
+
+def kept_rank(M, r):
+    """r' = min(n, m, r) for an n x m matrix."""
+    return min(M.shape[0], M.shape[1], r)
+
+
+@hs.fewer_examples(0.3)
+@given(ddp_cases())
+@_with_examples
+def test_powersgd_is_a_rank_r_projection_with_error_feedback(target, case):
+    """PowerSGD: each weight's result R is the projection of M = average(g + e) onto an r'-dimensional column space.
+
+    r' = min(n, m, r); e is the error left by the earlier steps (``compressed_weights``).  The checks: every
+    rank holds the same R, R has r' non-negligible singular values, and R^T (M - R) = 0.
+    """
+    values, _ = _run(target, "powersgd_hook", case, torch.float64)
+    for name, step, M, results in compressed_weights(case, values):
+        R0 = results[0]
+        for rank, got in enumerate(results[1:], start=1):
+            harness.assert_close(got, R0, f"{name}.grad on rank {rank} against rank 0's: the replicas must get "
+                                 "the same averaged gradient", rank=rank, step=step, atol=1e-12, rtol=1e-9)
+        rows, cols = M.shape
+        r = kept_rank(M, case["r"])
+        scale = float(torch.linalg.matrix_norm(M, 2))
+        sv = torch.linalg.svdvals(R0)
+        what = f"{_describe(case, powersgd_with_r(case))}: {name}.grad ({rows} x {cols})"
+        harness.check(float(sv[r - 1]) > 1e-6 * scale and (len(sv) == r or float(sv[r]) <= 1e-8 * scale),
+                      f"{what} has singular values {[round(float(s), 8) for s in sv]}, but a rank-{r} "
+                      f"approximation P Q^T of a matrix with largest singular value {scale:.4g} has exactly "
+                      f"{r} that are not ~0", step=step)
+        resid = float(torch.linalg.matrix_norm(R0.T @ (M - R0), 2))
+        harness.check(resid <= 1e-8 * scale ** 2,
+                      f"{what} is not the orthogonal projection of M = average over ranks of (gradient + error "
+                      f"feedback) onto its column space: |R^T (M - R)| = {resid:.3g} (|M|^2 = {scale ** 2:.3g}). "
+                      "P must be orthonormalised after its all-reduce, Q = M^T P averaged over ranks, and each "
+                      "rank's error buffer must be (its g + e) - R", step=step)
+
+
+@hs.fewer_examples(0.3)
+@given(ddp_cases())
+@_with_examples
+def test_powersgd_q_is_warm_started(target, case):
+    """PowerSGD: from the second step on, Q is the previous step's averaged Q (warm start).
+
+    With R = P Q^T and P orthonormal, the previous Q is R_prev^T P_prev, so span(M Q) = span(M R_prev^T): the
+    result must be the projection of M onto that span, whichever orthonormal P each step chose.
+    """
+    values, _ = _run(target, "powersgd_hook", case, torch.float64)
+    previous = {}
+    for name, step, M, results in compressed_weights(case, values):
+        R, R_prev = results[0], previous.get(name)
+        previous[name] = R
+        r = kept_rank(M, case["r"])
+        if R_prev is None or r == min(M.shape):
+            continue                    # the first step's Q is free; at full rank every Q gives M
+        U, sv, _ = torch.linalg.svd(M @ R_prev.T)
+        if float(sv[r - 1]) <= 1e-6 * float(sv[0]):
+            continue                    # M Q is nearly rank-deficient: its span is not well defined
+        basis = U[:, :r]
+        want = basis @ (basis.T @ M)
+        scale = float(torch.linalg.matrix_norm(M, 2))
+        harness.assert_close(R, want, f"{_describe(case, powersgd_with_r(case))}: {name}.grad ({M.shape[0]} x "
+                             f"{M.shape[1]}, r' = {r}) against the projection of M = average(g + e) onto "
+                             "span(M Q) with Q the previous step's averaged Q: from the second step on, P = M Q "
+                             "starts from the last Q (warm start), not from a new random one", step=step,
+                             atol=1e-8 * scale, rtol=0)
+
+
+@st.composite
+def zero_weight_cases(draw):
+    """ddp_cases with one Linear layer's weight all zeros: zero weight 1 makes layer 0's gradient zero, zero
+    weight 0 makes layer 1's gradient rank 1 (every row of its input is the same)."""
+    return dict(draw(ddp_cases()), zero_weight=draw(st.integers(0, 1)))
+
+
+@hs.fewer_examples(0.3)
+@given(zero_weight_cases())
+@example(dict(world_size=2, widths=[3, 4, 5], r=2, steps=2, cap_mb=1e-6, seed=0, zero_weight=1))
+@example(dict(world_size=3, widths=[4, 3, 5], r=2, steps=2, cap_mb=25.0, seed=1, zero_weight=0))
+def test_powersgd_zero_and_rank_deficient_gradients(target, case):
+    """PowerSGD on a model with a zero weight: every .grad stays finite, and a weight whose M = average(g + e)
+    is zero or has rank at most r' gets exactly M."""
+    values, _ = _run(target, "powersgd_hook", case, torch.float64)
+    what = _describe(case, powersgd_with_r(case))
+    names = [n for n, _ in random_mlp(case["widths"], 0).named_parameters()]
+    for rank, got_steps in enumerate(values):
+        for step, got_params in enumerate(got_steps):
+            for name, got in zip(names, got_params):
+                bad = int((~torch.isfinite(got)).sum())
+                harness.check(bad == 0, f"{what}: {name}.grad holds {bad} inf/NaN values of {got.numel()}: a zero "
+                              "or rank-deficient gradient makes P = M Q zero or rank-deficient, and "
+                              "orthonormalising it must not divide by a zero norm", rank=rank, step=step)
+    for name, step, M, results in compressed_weights(case, values):
+        r = kept_rank(M, case["r"])
+        sv = torch.linalg.svdvals(M)
+        if float(sv[0]) > 0 and len(sv) > r and float(sv[r]) > 1e-10 * float(sv[0]):
+            continue                    # rank above r': compressed, checked by the projection property
+        for rank, got in enumerate(results):
+            harness.assert_close(got, M, f"{what}: {name}.grad ({M.shape[0]} x {M.shape[1]}) against M = average "
+                                 f"over ranks of (gradient + error feedback), whose rank is at most r' = {r}: the "
+                                 "projection onto span(P) must give M itself", rank=rank, step=step,
+                                 atol=1e-9 * float(sv[0]) + 1e-12, rtol=0)
 
 
 # ---- error feedback -------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def scaling_cases(draw):
                       param=draw(st.integers(0, n_params - 1)), index=draw(st.integers(0, 1)),
                       kind=draw(st.sampled_from(sorted(POISON))))
     return dict(world_size=world_size, widths=widths, k=draw(st.integers(1, 3)), micro=draw(st.integers(1, 2)),
-                steps=steps, dtype=draw(st.sampled_from(sorted(DTYPES))),
+                steps=steps, dtype=draw(st.sampled_from(sorted(DTYPES))), param_groups=draw(st.integers(1, 2)),
                 scaler=dict(init_scale=2.0 ** draw(st.integers(1, 5)), growth_factor=2.0,
                             backoff_factor=draw(st.sampled_from([0.5, 0.25])),
                             growth_interval=draw(st.integers(1, 3))),
@@ -52,6 +52,15 @@ def global_batches(case):
                           case["widths"][-1], case["seed"] + 1, dtype=torch.float32)
 
 
+def build_optimizer(optimizer, model, param_groups):
+    """The optimizer over the model's parameters, in one group, or in two (the second half, at half the lr)."""
+    params = list(model.parameters())
+    if param_groups == 1:
+        return optimizer.build(params)
+    half = len(params) // 2
+    return optimizer.build([{"params": params[:half]}, {"params": params[half:], "lr": optimizer.kwargs["lr"] / 2}])
+
+
 def micro_batches(x, y, rank, world, k):
     return list(zip(shard(x, rank, world).tensor_split(k), shard(y, rank, world).tensor_split(k)))
 
@@ -63,7 +72,8 @@ def poison(model, inject):
         grad.view(-1)[inject["index"] % grad.numel()] = POISON[inject["kind"]]
 
 
-def _train(target, widths, k, micro, steps, dtype, scaler, optimizer, explicit_unscale, inject, seed, group_size=None):
+def _train(target, widths, k, micro, steps, dtype, param_groups, scaler, optimizer, explicit_unscale, inject, seed,
+           group_size=None):
     """Runs on every rank: DDP + no_sync accumulation under autocast, the learner's scaler around each step.
 
     With ``group_size``, the ranks form independent data-parallel groups of that many consecutive ranks, each
@@ -82,7 +92,7 @@ def _train(target, widths, k, micro, steps, dtype, scaler, optimizer, explicit_u
             ddp = DistributedDataParallel(model, process_group=group)
             build = target.load().DistributedLossScaler
             loss_scaler = build(**scaler) if group_size is None else build(**scaler, group=group)
-        opt = optimizer.build(model.parameters())
+        opt = build_optimizer(optimizer, model, param_groups)
         batches = random_batches(steps, world * k * micro, widths[0], widths[-1], seed + 1, dtype=torch.float32)
         history, scales = [], []
         for step, (x, y) in enumerate(batches):
@@ -124,7 +134,7 @@ def oracle(case):
     Returns the parameter names, the parameters after each step and the scale after each update.
     """
     model = random_mlp(case["widths"], case["seed"], dtype=torch.float32)
-    opt = case["optimizer"].build(model.parameters())
+    opt = build_optimizer(case["optimizer"], model, case["param_groups"])
     scaler = torch.amp.GradScaler("cpu", **case["scaler"])
     history, scales = [], []
     for step, (x, y) in enumerate(global_batches(case)):
@@ -163,21 +173,27 @@ def describe(case):
     where = (f"{inject['kind']} written into one gradient element of rank {inject['rank']} only, after DDP's "
              f"all-reduce, at step {inject['step']}" if inject else "no overflow injected")
     s = case["scaler"]
+    groups = " in two parameter groups (the second at half the lr)" if case["param_groups"] == 2 else ""
     return (f"{case['world_size']} rank(s), k={case['k']} micro-batch(es), {case['dtype']} autocast, "
-            f"{case['optimizer']}, DistributedLossScaler(init_scale={s['init_scale']:g}, growth_factor="
+            f"{case['optimizer']}{groups}, DistributedLossScaler(init_scale={s['init_scale']:g}, growth_factor="
             f"{s['growth_factor']:g}, backoff_factor={s['backoff_factor']:g}, growth_interval={s['growth_interval']})"
             f", {'unscale_() then ' if case['explicit_unscale'] else ''}step() then update() each step, {where}")
 
 
-EXAMPLES = [  # the classic bugs' cases: an overflow on a rank other than 0 after some clean steps, then more steps
-    dict(world_size=3, widths=[3, 4, 2], k=2, micro=1, steps=5, dtype="float16",
+EXAMPLES = [  # the classic bugs' cases: an overflow on a rank other than 0 after some clean steps, then more steps;
+    # one in the second of two parameter groups
+    dict(world_size=3, widths=[3, 4, 2], k=2, micro=1, steps=5, dtype="float16", param_groups=1,
          scaler=dict(init_scale=8.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2),
          optimizer=OptimizerSpec("SGD", {"lr": 0.05, "momentum": 0.9}), explicit_unscale=True,
          inject=dict(step=1, rank=1, param=0, index=0, kind="inf"), seed=0),
-    dict(world_size=2, widths=[2, 3], k=3, micro=1, steps=4, dtype="bfloat16",
+    dict(world_size=2, widths=[2, 3], k=3, micro=1, steps=4, dtype="bfloat16", param_groups=1,
          scaler=dict(init_scale=4.0, growth_factor=2.0, backoff_factor=0.25, growth_interval=1),
          optimizer=OptimizerSpec("SGD", {"lr": 0.1, "weight_decay": 0.1}), explicit_unscale=False,
          inject=dict(step=2, rank=1, param=1, index=1, kind="nan"), seed=1),
+    dict(world_size=2, widths=[3, 2], k=1, micro=1, steps=3, dtype="float16", param_groups=2,
+         scaler=dict(init_scale=4.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=1),
+         optimizer=OptimizerSpec("SGD", {"lr": 0.1}), explicit_unscale=False,
+         inject=dict(step=1, rank=1, param=1, index=0, kind="-inf"), seed=2),
 ]
 
 
@@ -274,6 +290,58 @@ def test_found_inf_flag_is_all_reduced_each_step(target, case):
                           f"({', '.join(op.describe() for op in ops)}); the decision needs a flag (at most "
                           f"{limit} bytes: one per parameter tensor), and DDP has already averaged the "
                           f"{grad_bytes} bytes of gradients", rank=rank, step=step)
+
+
+# ---- float16 gradients: an overflow is an element, not a sum ---------------------------------------
+
+FP16_GRAD = 60000.0     # finite in float16 (largest 65504), and a multiple of its spacing there: exact
+
+
+@st.composite
+def float16_cases(draw):
+    """A float16 weight whose scaled gradient is 60000 in every element: each element finite, their sum (even
+    unscaled, with at least 2 S elements) far past float16's 65504."""
+    scale = 2.0 ** draw(st.integers(1, 5))
+    return dict(world_size=draw(hs.world_sizes()), init_scale=scale,
+                numel=draw(st.integers(int(2 * scale), int(4 * scale))), explicit_unscale=draw(st.booleans()))
+
+
+def _float16_step(target, init_scale, numel, explicit_unscale):
+    """Runs on every rank: a float16 model (w * c).sum(), one scaled backward, unscale_/step/update."""
+    scaler = target.load().DistributedLossScaler(init_scale=init_scale, growth_interval=1)
+    weight = torch.nn.Parameter(torch.ones(numel, dtype=torch.float16, device=harness.device()))
+    opt = torch.optim.SGD([weight], lr=0.5)
+    c = torch.full((numel,), FP16_GRAD / init_scale, dtype=torch.float16, device=harness.device())
+    scaler.scale((weight * c).sum()).backward()            # weight.grad = S * c = 60000 in every element
+    if explicit_unscale:
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    return {"weight": weight.detach().clone(), "scale": scaler.get_scale()}
+
+
+@hs.fewer_examples(0.2)
+@example(dict(world_size=2, init_scale=2.0, numel=4, explicit_unscale=False))
+@given(float16_cases())
+def test_float16_gradients_whose_sum_overflows_are_clean(target, case):
+    """float16 gradients whose every element is finite but whose sum is past 65504: no overflow, the step is
+    taken and the scale grows."""
+    values, _ = harness.run(_float16_step, case["world_size"], target, case["init_scale"], case["numel"],
+                            case["explicit_unscale"])
+    s, numel = case["init_scale"], case["numel"]
+    unscaled = torch.full((numel,), FP16_GRAD / s, dtype=torch.float16)
+    want = torch.ones(numel, dtype=torch.float16).add_(unscaled, alpha=-0.5)
+    what = (f"a float16 weight of {numel} elements whose scaled gradient is {FP16_GRAD:g} in every element "
+            f"(finite: float16 reaches 65504; their sum {numel * FP16_GRAD:g}, unscaled {numel * FP16_GRAD / s:g}, "
+            f"is not), {case['world_size']} rank(s), init_scale={s:g}, growth_interval=1, "
+            f"{'unscale_() then ' if case['explicit_unscale'] else ''}step() then update()")
+    for rank, out in enumerate(values):
+        harness.check(out["scale"] == 2 * s, f"{what}: get_scale() after update() is {out['scale']:g}, but no "
+                      f"element is inf or NaN, so the step is clean and the scale grows to {2 * s:g} (an overflow "
+                      "is an element that is inf or NaN, not a sum of finite elements that overflows)", rank=rank)
+        harness.assert_close(out["weight"], want, f"{what}: the weight after SGD(lr=0.5).step() on the unscaled "
+                             f"gradient {FP16_GRAD / s:g} (the step is clean and must be taken)", rank=rank,
+                             atol=0, rtol=0)
 
 
 @st.composite

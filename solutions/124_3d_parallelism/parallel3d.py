@@ -98,11 +98,12 @@ class Parallel3D(nn.Module):
         per, left = divmod(len(blocks), self.pp)
         if left:
             raise ValueError(f"{len(blocks)} blocks cannot be split into pp={self.pp} equal stages")
-        hidden = blocks[0][0].out_features
+        s = groups.pp_rank
+        mine = blocks[s * per:(s + 1) * per]         # this stage's blocks: the only ones this rank is given
+        hidden = mine[0][0].out_features
         if hidden % tp:
             raise ValueError(f"hidden width {hidden} is not divisible by tp={tp}")
-        s = groups.pp_rank
-        self.blocks = nn.ModuleList(TPBlock(fc1, fc2, groups.tp_group) for fc1, fc2 in blocks[s * per:(s + 1) * per])
+        self.blocks = nn.ModuleList(TPBlock(fc1, fc2, groups.tp_group) for fc1, fc2 in mine)
         self.prev = dist.get_global_rank(groups.pp_group, s - 1) if s > 0 else None
         self.next = dist.get_global_rank(groups.pp_group, s + 1) if s < self.pp - 1 else None
 
@@ -157,8 +158,7 @@ class Parallel3D(nn.Module):
             p.grad.copy_(g.view_as(p))
 
     def train_step(self, x, y):
-        dp, d = dist.get_world_size(self.groups.dp_group), self.groups.dp_rank
-        xs, ys = x.tensor_split(dp)[d].tensor_split(self.m), y.tensor_split(dp)[d].tensor_split(self.m)
+        xs, ys = x.tensor_split(self.m), y.tensor_split(self.m)   # this replica's rows (real on its role's stage)
         for p in self.parameters():
             p.grad = None
         loss = self._pipeline(xs, ys)

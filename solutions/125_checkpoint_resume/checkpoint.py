@@ -90,15 +90,20 @@ class Trainer:
     # ---- save: every rank its part (write, rename), a barrier, then one rank commits ----
 
     def save(self, directory, step):
-        folder = os.path.join(directory, f"step_{step}")
+        self._write_and_commit(os.path.join(directory, f"step_{step}"), step)
+        dist.barrier()                                   # save returns once the checkpoint is committed
+
+    def _write_and_commit(self, folder, step):
         os.makedirs(folder, exist_ok=True)
-        part = {"shard": self.shard.detach().cpu(), "optimizer": _to_cpu(self.local_optimizer.state_dict()),
-                "rng": self.generator.get_state()}
-        self._write_part(os.path.join(folder, f"rank_{self.rank}.pt"), part)
+        self._write_part(os.path.join(folder, f"rank_{self.rank}.pt"), self._part())
         dist.barrier()                                   # every part is in place under its final name
         if self.rank == 0:
             self._commit(folder, step)
-        dist.barrier()                                   # save returns once the checkpoint is committed
+
+    def _part(self):
+        """This rank's part: its shard, its optimizer state, and the generator (the same on every rank)."""
+        return {"shard": self.shard.detach().cpu(), "optimizer": _to_cpu(self.local_optimizer.state_dict()),
+                "rng": self.generator.get_state()}
 
     @staticmethod
     def _write_part(path, part):

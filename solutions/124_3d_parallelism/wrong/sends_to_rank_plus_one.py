@@ -2,7 +2,7 @@
 from harness import reference_of
 
 ref = reference_of(__file__, into=globals())
-REJECTED_BY = "test_communication_stays_confined"
+REJECTED_BY = "test_eight_ranks_dp2_tp2_pp2"
 
 
 class Parallel3D(ref.Parallel3D):

@@ -19,9 +19,7 @@ class Trainer(ref.Trainer):
                     "files": {f"rank_{r}.pt": None for r in range(self.world)}}
             with open(os.path.join(folder, ref.MARKER), "w") as f:
                 json.dump(meta, f)
-        part = {"shard": self.shard.detach().cpu(), "optimizer": ref._to_cpu(self.local_optimizer.state_dict()),
-                "rng": self.generator.get_state()}
-        self._write_part(os.path.join(folder, f"rank_{self.rank}.pt"), part)
+        self._write_part(os.path.join(folder, f"rank_{self.rank}.pt"), self._part())
         dist.barrier()
 
     @staticmethod
