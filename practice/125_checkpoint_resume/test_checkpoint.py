@@ -364,7 +364,7 @@ def _check_resumes_from(target, case, shared, folder, want, killed, complete):
     """resume() on M ranks returns step ``want`` with exactly its state, and one more step trains on from it."""
     k1 = case["k1"]
     expected = oracle(case, want + 1)
-    after = harness.run(_session, case["n_resume"], target, setup,
+    after = harness.run(_session, case["n_resume"], target, trainer_setup(case),
                         given_to_ranks(case, case["n_resume"], want, 1, True), folder, 1, True, False, catch=True,
                         probes=[shared]).values
     for rank, out in enumerate(after):
