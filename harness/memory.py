@@ -102,7 +102,12 @@ class Storages(dict):
 
 
 def _key(storage):
-    return str(_storage_device(storage)), _storage_data_ptr(storage)
+    """(device, address), or None for a storage object whose memory is gone (torch then calls it an
+    "invalid python storage" and refuses its data pointer)."""
+    try:
+        return str(_storage_device(storage)), _storage_data_ptr(storage)
+    except RuntimeError:
+        return None
 
 
 def _storage_of(tensor):
@@ -142,11 +147,11 @@ def _is_iterator(item) -> bool:
 def _add(found: Storages, skip: set, storage, tensor=None):
     if storage is None:
         return
+    key = _key(storage)
+    if key is None or key in skip:
+        return
     nbytes = _storage_nbytes(storage)
     if nbytes == 0:
-        return
-    key = _key(storage)
-    if key in skip:
         return
     held = found.get(key)
     if tensor is not None and (held is None or held.dtype == "storage" or tensor.numel() > _numel(held)):

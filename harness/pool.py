@@ -96,13 +96,13 @@ def run(fn, world_size: int, *args, timeout: float | None = None, forbid=None, a
     if kept is not None:
         return _result(*kept, given)
     shared = next((p.world_key() for p in probes if p.world_key() is not None), None)
-    key = (world_size, backend, shared, SandboxSpec(given.hidden, given.landlock))
+    memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
+    key = (world_size, backend, shared, SandboxSpec(given.hidden, given.landlock, memory_gb))
     world = _world(key)
     policy = Policy(forbid, allow, default_device=device,
                     rank_parts=[part for part in (p.rank_part(world) for p in probes) if part is not None])
     _register_by_value(fn)
     timeout = timeout or given.timeout or DEFAULT_TIMEOUT
-    memory_gb = memory_gb or given.memory_gb or default_memory_limit_gb(world_size)
     try:
         values, trace, results, killed = world.call(fn, args, kwargs, policy, timeout, memory_gb, probes)
     except BaseException as error:

@@ -75,7 +75,7 @@ class Target:
             sys.modules[name] = module
             linecache.cache[path] = (len(target.source), None, target.source.splitlines(True), path)
             refused = standins.guard(self.stand_ins, path)
-            exec(compile(target.source, path, "exec"), vars(module))
+            exec(compile(target.source, path, "exec", dont_inherit=True), vars(module))   # not our __future__ flags
             standins.check(module, refused)
             _LOADED[key] = module
         return module

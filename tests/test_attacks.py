@@ -114,10 +114,11 @@ def test_report_write(judge, tmp_path, landlock):
 # ---- 3. reference read -------------------------------------------------------------------------------
 
 REFERENCE_READER = '''
-import glob, os
+import os
 import harness
+ShardSampler = None   # a check of the names the file defines passes: reading the reference is what must fail
 here = os.path.dirname(os.path.dirname(os.path.abspath(harness.__file__)))
-exec(open(glob.glob(os.path.join(here, "solutions", "112_*", "sampler.py"))[0]).read())
+exec(open(os.path.join(here, "solutions", "112_distributed_sampler", "sampler.py")).read())
 '''
 
 

@@ -1,5 +1,6 @@
 """Crashes and hangs become plain reports within the timeout, and the pool recovers from each."""
 import ctypes
+import mmap
 import os
 import signal
 import time
@@ -9,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from tests.harness_helpers import assert_fresh_world_works, pids
+from tests.harness_helpers import assert_fresh_world_works, pids, sum_of_ranks
 
 HANG_TIMEOUT = 2.0
 SLACK = 2.0       # the issue's bound: a hang is reported within timeout + 2 s
@@ -75,20 +76,37 @@ def test_a_dying_rank_is_reported_with_its_signal_or_code(fn, rank, how):
     assert_fresh_world_works(2, before)
 
 
-def allocate_without_bound():
+
+def allocate_a_shape_off_by_a_large_factor():
+    return torch.ones(2**30).sum().item()   # 4 GB in one allocation
+
+
+def map_without_bound():
+    """Shared anonymous memory, which the kernel's data limit does not count: only the watchdog sees it."""
     hoard = []
     while True:
-        hoard.append(torch.ones(2**25))   # 128 MB at a time, each page touched
+        hoard.append(mmap.mmap(-1, 2**27))
+        hoard[-1].write(b"x" * 2**27)
 
 
-def test_the_memory_guard_ends_a_rank_that_allocates_without_bound():
-    before = pids(2)
-    start = time.monotonic()
-    with pytest.raises(harness.RankCrashed, match=r"rank [01] used \d+\.\d+ GB \(limit 0\.5 GB\)") as info:
-        harness.run(allocate_without_bound, 2, timeout=60, memory_gb=0.5)
-    assert time.monotonic() - start < 30, "the guard should end the rank long before the call's timeout"
-    assert "allocates without bound" in str(info.value)
-    assert_fresh_world_works(2, before)   # the next call works, on a fresh world
+def test_the_kernel_refuses_an_allocation_past_the_limit_at_once():
+    with harness.defaults(memory_gb=0.5):
+        start = time.monotonic()
+        with pytest.raises(harness.RankError, match=r"can't allocate memory|MemoryError"):
+            harness.run(allocate_a_shape_off_by_a_large_factor, 2, timeout=60)
+        assert time.monotonic() - start < 30, "the limit should refuse the allocation long before the timeout"
+        assert harness.run(sum_of_ranks, 2, timeout=30).values == [1.0, 1.0]   # the world still works
+
+
+def test_the_memory_guard_ends_a_rank_whose_resident_memory_passes_the_limit():
+    with harness.defaults(memory_gb=0.5):
+        before = pids(2)
+        start = time.monotonic()
+        with pytest.raises(harness.RankCrashed, match=r"rank [01] used \d+\.\d+ GB \(limit 0\.5 GB\)") as info:
+            harness.run(map_without_bound, 2, timeout=60)
+        assert time.monotonic() - start < 30, "the guard should end the rank long before the call's timeout"
+        assert "allocates without bound" in str(info.value)
+        assert_fresh_world_works(2, before)   # the next call works, on a fresh world
 
 
 def test_a_rank_that_dies_while_starting_says_why():

@@ -80,6 +80,9 @@ def _protocol(path: str) -> str:
         return "gone"
 
 
+_CLOSE_WAIT = 8   # the far end has closed; this end is still open
+
+
 class PidOwners:
     """Rank r's sockets are those in the fd tables of rank r's process and its descendants.
 
@@ -99,16 +102,18 @@ class PidOwners:
         self.protocols: dict[int, str] = {}   # inode -> protocol
         self.known: dict[int, nd.Sock] = {}   # inode -> the kernel's entry, for TCP sockets
         self.last: dict = {}                   # cookie -> (rank, Sock) at the last snapshot
+        self.kept_only: list = []              # (rank, Sock): connections held only by our copies, at the last
 
     def snapshot(self) -> Snapshot:
         """Each rank's sockets as its fd tables name them now, with the kernel's current counters."""
-        held = []
+        held, kept_only = [], {}
         for r, pid in enumerate(self.pids):
             paths = {}
             for p in _descendants(pid):
                 paths.update(sockets_of(p))
             if self.kept is not None:
-                paths.update({i: path for i, path in self.kept(r).items() if i not in paths})
+                kept_only[r] = {i: path for i, path in self.kept(r).items() if i not in paths}
+                paths.update(kept_only[r])
             for inode in paths.keys() - self.protocols.keys():
                 self.protocols[inode] = _protocol(paths[inode])
             held.append((r, set(paths)))
@@ -124,11 +129,20 @@ class PidOwners:
                 del entries[old.inode]   # closed (reset, or shut) with its fd still open: no counters to read
             else:
                 entries[old.inode] = now
+        self.kept_only = [(r, entries[i]) for r, inodes in kept_only.items() for i in inodes
+                          if i in entries and entries[i].state != nd.TCP_LISTEN]
         snap = _assemble(held, entries)
         snap.other = [(r, f"a {self.protocols[i]} socket (inode {i})") for r, inodes in held for i in sorted(inodes)
                       if not self.protocols[i].startswith(("TCP",) + self.IGNORED)]
         self.last = _gone_since(self.watch, self.last, snap)
         return snap
+
+    def handed_out(self) -> list:
+        """(rank, Sock) for each connection of the last snapshot that only our copy held, and that is still
+        connected after our copy was closed: another process holds it (closing the last copy sends a FIN)."""
+        ends = [s for _, s in self.kept_only]
+        return [(r, now) for (r, _), now in zip(self.kept_only, nd.lookup(ends))
+                if now is not None and now.state in (nd.TCP_ESTABLISHED, _CLOSE_WAIT)]
 
     @staticmethod
     def _learn(tcp: set) -> dict:

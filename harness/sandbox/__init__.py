@@ -30,8 +30,10 @@ its file for every operation, and ``new_group`` rendezvouses through it;
 keep working, which also means an inherited writable fd shared by the ranks (stdout)
 is a channel: ``rank_main`` gives each rank its own.
 
-Where the kernel or a seccomp policy lacks Landlock, ``confine`` does nothing but
-return the reason (``STATUS`` says it too): the kit runs everywhere.
+Where the kernel or a seccomp policy lacks Landlock, ``confine`` applies no Landlock rules and returns
+the reason (``STATUS`` says it too), and the file witness (``probes.files``, mode "enforce") applies the
+same read and write rules from the test process, below Python; where seccomp is missing too, the ranks
+run unconfined and every report says so (``protections``): the kit runs everywhere.
 
 This module decides what a rank may reach and applies it; the Landlock rules and syscalls are in
 ``_landlock``, the filter in ``_seccomp``.

@@ -9,6 +9,7 @@ import ctypes
 import faulthandler
 import json
 import os
+import resource
 import signal
 import sys
 import traceback
@@ -62,6 +63,19 @@ def _blank_inherited_fds(keep: set):
     os.close(null)
 
 
+def _cap_allocations(memory_gb: float | None):
+    """The kernel refuses an allocation that takes the rank past ``memory_gb`` more than it holds now
+    (RLIMIT_DATA: its heap and private writable mappings), whatever the machine's load: a runaway
+    allocation fails at once with MemoryError (or torch's "can't allocate memory").  Address ranges
+    reserved without access (CUDA's) do not count.  The test process's watch of resident memory stays."""
+    if not memory_gb:
+        return
+    with open("/proc/self/status") as f:
+        data_kb = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    limit = data_kb * 1024 + int(memory_gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
 def _user_frames(tb) -> list:
     frames = []
     for fs in traceback.extract_tb(tb):
@@ -105,6 +119,7 @@ def rank_main(setup: RankSetup, conn, record_conn):
     # code under test; the first message on the pipe, even when there is none (see probes.files).
     hand_over(conn.fileno(), mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None))
     # (what it could not do, it says to the test process)
+    _cap_allocations(setup.sandbox.memory_gb)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it

@@ -62,7 +62,9 @@ class RecordStream:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(event, dict):   # the call's own: the test process cleared the stream when it began
+            # the call's own (the test process cleared the stream when it began); a line without a kind of
+            # event is none of the recorder's, and the checks of the record judge what is left
+            if isinstance(event, dict) and isinstance(event.get("ev"), str):
                 events.append(event)
         return events
 

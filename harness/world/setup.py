@@ -17,6 +17,7 @@ class SandboxSpec:
     """How a world's ranks are confined: what they may not read, and whether Landlock is used."""
     hidden: tuple = ()        # folders and files the ranks may not read (the kit's answers, its tests)
     landlock: bool = True     # False: behave as on a kernel without Landlock (tests of the fallback)
+    memory_gb: float | None = None   # what a rank may allocate beyond what it holds at start (RLIMIT_DATA)
 
 
 @dataclass(frozen=True)

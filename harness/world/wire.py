@@ -26,9 +26,12 @@ import importlib
 import io
 import json
 import math
+import os
 import pickle
+import select
 import struct
 import sys
+import time
 import types
 from collections import ChainMap
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import cloudpickle
 
 _MAX_DEPTH = 200
+MAX_REPLY = 1 << 34   # 16 GiB: a frame header that names more is a forgery, not a reply
 STATUSES = ("ok", "error", "forbidden", "tampered", "broken")
 
 
@@ -257,3 +261,30 @@ def _code_keeping_its_file(code: types.CodeType):
 
 def _torch_ops_by_name(_ops):
     return importlib.import_module, ("torch.ops",)
+
+
+def read_frame(conn, deadline: float) -> bytes:
+    """One frame of multiprocessing's format (a length header, then that many bytes) from a rank's end of its
+    pipe, by ``deadline`` (time.monotonic()).  The rank can write raw bytes there: a forged header naming more
+    bytes than follow must not hold the test process past every deadline, as ``recv_bytes`` would.  Raises
+    TimeoutError at the deadline, EOFError when the pipe closes, WireError for a header no reply has."""
+    fd = conn.fileno()
+    size = struct.unpack("!i", _read_exactly(fd, 4, deadline))[0]
+    if size == -1:
+        size = struct.unpack("!Q", _read_exactly(fd, 8, deadline))[0]
+    if not 0 <= size <= MAX_REPLY:
+        raise WireError(f"a frame header names {size} bytes")
+    return _read_exactly(fd, size, deadline)
+
+
+def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
+    buffer, got = bytearray(size), 0
+    while got < size:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(size - got, 1 << 22))
+        if not chunk:
+            raise EOFError
+        buffer[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    return bytes(buffer)

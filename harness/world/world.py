@@ -32,9 +32,9 @@ from .outcomes import Outcomes
 from .records import RecordStream, build_trace, check_record
 from ..sandbox import identity
 from .setup import SandboxSpec, prepare_world
-from .wire import Reply, WireError, dump_function, dumps
+from .wire import Reply, WireError, dump_function, dumps, read_frame
 
-_START_TIMEOUT = 60.0
+_START_TIMEOUT = 60.0   # per four ranks: on a loaded 2-core machine a world's ranks start one after another
 _WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
 _GB = 2**30
 _KILL_GRACE = 1.0        # seconds the other ranks get to finish after an injected kill
@@ -73,7 +73,8 @@ class World(Outcomes):
             self.records[r].started()
             self.conns.append(parent)
             self.procs.append(p)
-        deadline = time.monotonic() + _START_TIMEOUT
+        start_limit = _START_TIMEOUT * max(1.0, world_size / 4)
+        deadline = time.monotonic() + start_limit
         self.files = FileWitness(self.dir, self.setups)
         for r, c in enumerate(self.conns):
             try:
@@ -90,7 +91,7 @@ class World(Outcomes):
                 self.procs[r].join(1.0)
                 code, stderr = self.procs[r].exitcode, self.stderr_of(r)
                 self.kill()
-                how = "did not start within {:g} s".format(_START_TIMEOUT) if code is None else "failed to start"
+                how = "did not start within {:g} s".format(start_limit) if code is None else "failed to start"
                 message = crash_message(r, code, stderr).replace(f"rank {r} ", f"rank {r} {how}: ", 1)
                 raise RankCrashed(message, r, code, stderr)
             self.protections.append({**ready, "files": self.files.states.get(r, "unavailable: it sent no listener")})
@@ -202,6 +203,7 @@ class World(Outcomes):
             trace = build_trace(ops, self.records)
             unexplained = self.traffic.end(trace) if self.traffic is not None else None
             self.files.release_sockets({r: held_by(pid) for r, pid in enumerate(self.pids())})
+            unexplained = unexplained or (self.traffic.handed_out() if self.traffic is not None else None)
             if unexplained:
                 raise TraceTampered(f"the kernel saw traffic between the ranks that the trace does not explain: "
                                     f"{unexplained}")
@@ -246,9 +248,14 @@ class World(Outcomes):
                 if conn not in pending:
                     continue
                 try:
-                    data = conn.recv_bytes() if obj is conn or conn.poll() else None
+                    data = read_frame(conn, deadline) if obj is conn or conn.poll() else None
+                except TimeoutError:
+                    continue   # a frame that never ended: the rank stays unfinished, as a hang
                 except (EOFError, OSError):
                     data = None   # the pipe closed without a reply: the rank died
+                except WireError as e:
+                    self.kill()
+                    raise TraceTampered(f"rank {r} wrote to its reply pipe what the harness's rank loop did not: {e}") from None
                 del pending[conn]
                 if data is None:
                     killed = self._death(r, probes)

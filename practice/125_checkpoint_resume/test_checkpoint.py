@@ -383,7 +383,7 @@ def _check_resumes_from(target, case, shared, folder, want, killed, complete):
                  rank, want)
 
 
-_WRITE_EVENT = re.compile(r"^its file event \d+: (open|torch\.save) (.+)$")
+_WRITE_EVENT = re.compile(r"^its file event \d+: (open for writing|open|torch\.save) (.+)$")   # as KillAt names them
 
 
 def _tear(killed, folder, whole):

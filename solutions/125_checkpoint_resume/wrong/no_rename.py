@@ -6,7 +6,7 @@ import torch
 from harness import reference_of
 
 ref = reference_of(__file__, into=globals())
-REJECTED_BY = "test_killed_save_leaves_the_last_complete_checkpoint"
+REJECTED_BY = "test_save_killed_mid_write_keeps_the_previous_checkpoint"
 
 
 def _write_durably(path, obj):
