@@ -61,6 +61,13 @@ class Problem:
             return []
         return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
 
+    def alternate_files(self, root: str = ROOT) -> list:
+        """Correct but unusual solutions (tests/alternates/<folder>/): every test must accept each of them."""
+        folder = os.path.join(root, "tests", "alternates", self.folder)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+
     def points_for(self, test_name: str) -> float:
         return float(self.points.get(test_name.split("[")[0], 1))
 

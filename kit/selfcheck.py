@@ -1,5 +1,5 @@
-"""selfcheck: the reference passes, the committed stub scores 0 cleanly, every known-wrong version is rejected,
-and every test rejects at least one of them."""
+"""selfcheck: the reference and every alternate (a correct but unusual solution) pass, the committed stub scores 0
+cleanly, every known-wrong version is rejected, and every test rejects at least one of them."""
 from __future__ import annotations
 
 import ast
@@ -46,7 +46,8 @@ def stub_for_selfcheck(problem: Problem, folder: str) -> tuple[str | None, str]:
 
 def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | None = None, seed: int | None = 0,
                       progress=None, device_audit: bool = False) -> list[dict]:
-    """One row per target: the reference must pass, the stub score 0 cleanly, each wrong version fail.
+    """One row per target: the reference and each alternate must pass, the stub score 0 cleanly, each wrong
+    version fail.
 
     "The stub" is the pristine one (from git), never the learner's edited practice file.
     All targets run in one test process (``--kit-targets``), sharing its warm ranks; without
@@ -62,6 +63,8 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
         targets = [{"id": "reference", "path": problem.solution_file(), "device_audit": device_audit}]
         if stub_path:
             targets.append({"id": "stub", "path": stub_path})
+        for alternate in problem.alternate_files():
+            targets.append({"id": "alternate:" + os.path.splitext(os.path.basename(alternate))[0], "path": alternate})
         expected = {}
         for wrong in problem.wrong_files():
             name = "wrong:" + os.path.splitext(os.path.basename(wrong))[0]
@@ -77,7 +80,7 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
                      "detail": stub_origin, "path": f"practice/{problem.folder}/{problem.file}"})
     for t in targets:
         mine = [r for r in verdict.tests if r.target == t["id"]]
-        if t["id"] == "reference":
+        if t["id"] == "reference" or t["id"].startswith("alternate:"):
             ok, detail = _reference_row(mine)
         elif t["id"] == "stub":
             ok, detail = _stub_row(mine)

@@ -172,7 +172,7 @@ def _copy_newest_out_of_order(folder, newest):
 def _save_then_resume(target, case, shared):
     """Call A: train k1 steps on N ranks, saving after each.  Then step_<k1> is made to look older than the
     other checkpoints.  Call C: resume on M ranks, train k2 more."""
-    folder = _folder(shared, "resume", case)
+    folder = _folder(shared, "resume", target.digest(), case)   # one per file judged: several share a process
     k1, k2, setup = case["k1"], case["k2"], trainer_setup(case)
     first = harness.run(_session, case["n_save"], target, setup, given_to_ranks(case, case["n_save"], 0, k1, False),
                         folder, k1, False, True, probes=[shared], reuse=True).values
