@@ -6,6 +6,7 @@ the previous checkpoint usable.  The kill is the test's own fault, so the call r
 ``RunResult.killed`` set; any other death is still the learner's crash.
 """
 import os
+import time
 
 import pytest
 import torch
@@ -69,6 +70,26 @@ def test_a_kill_mid_save_is_the_tests_own_fault(tmp_path, event, left_behind):
     assert result.values[1] is None
     assert harness.run(listing, 1, str(tmp_path), "c", probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT).values == \
         [left_behind], "no COMMIT: rank 0 never got past the barrier"
+
+
+def save_then_gather_digests(folder: str):
+    """Each rank writes its part, then the ranks exchange what they wrote with an object collective (as a save
+    that gathers its shards' digests does, or torch.distributed.checkpoint inside)."""
+    rank = dist.get_rank()
+    with open(os.path.join(folder, f"part{rank}"), "w") as f:      # event 1
+        f.write(str(rank))
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, {"rank": rank})
+    return digests
+
+
+def test_a_kill_before_an_object_collective_ends_the_call_within_its_time_limit(tmp_path):
+    """#24: a rank killed while the others wait in all_gather_object; the call ends as any other death does."""
+    started = time.monotonic()
+    result = harness.run(save_then_gather_digests, 3, str(tmp_path), timeout=TIMEOUT,
+                         probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=1)])
+    assert result.killed is not None and result.killed.rank == 1, result.killed
+    assert time.monotonic() - started < TIMEOUT, "the call waited out its time limit"
 
 
 def test_a_kill_that_never_comes_leaves_an_ordinary_call(tmp_path):

@@ -3,7 +3,8 @@ keys: its shard and per-element optimizer state; rank 0 adds the generator and t
 DCP's files with their checksums; resume builds its request from DCP's own metadata and dcp.load()s every old
 rank's entries on any world size.  The training step is the reference's ZeRO-1, written as one function.
 
-The kill test may hang with this file until the engine's fix: DCP's object collectives wait for a killed rank."""
+DCP's object collectives wait for a killed rank; the call still ends once the kill is seen
+(tests/test_harness_faults.py, the object-collective kill)."""
 import hashlib
 import json
 import math
