@@ -159,7 +159,8 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
                            f"{' '.join(shlex.quote(str(a)) for a in [p.number, *target_args])}", style="green"),
                       soft_wrap=True)
         else:
-            con.print(Text("All properties hold. Next: python judge.py", style="green"))
+            con.print(Text("All properties hold. What is next: python judge.py (every problem and your status)",
+                           style="green"), soft_wrap=True)
 
 
 def protections_line(protections: dict) -> tuple[str, str]:

@@ -74,14 +74,17 @@ class FileWitness:
             fds = list(supervisor.sockets) if supervisor is not None else []
         return {os.fstat(fd).st_ino: f"/proc/self/fd/{fd}" for fd in fds}
 
-    def release_sockets(self, still_held: dict):
-        """Close our copies of the sockets no process of their rank holds any more (``still_held``: rank ->
-        inodes): the traffic witness has read them, and their connections may close now."""
+    def release_sockets(self, still_held):
+        """Close our copies of the sockets no process of their rank holds any more (``still_held(rank)``: the
+        inodes it holds, asked only of a rank we keep copies for): the traffic witness has read them, and
+        their connections may close now."""
         with self.lock:
             for rank, supervisor in self.supervisors.items():
-                keep = []
+                if not supervisor.sockets:
+                    continue
+                keep, held = [], still_held(rank)
                 for fd in supervisor.sockets:
-                    if os.fstat(fd).st_ino in still_held.get(rank, ()):
+                    if os.fstat(fd).st_ino in held:
                         keep.append(fd)
                     else:
                         os.close(fd)

@@ -202,7 +202,7 @@ class World(Outcomes):
             check_record(ops, streamed, replies, policy)
             trace = build_trace(ops, self.records)
             unexplained = self.traffic.end(trace) if self.traffic is not None else None
-            self.files.release_sockets({r: held_by(pid) for r, pid in enumerate(self.pids())})
+            self.files.release_sockets(lambda r: held_by(self.pids()[r]))
             unexplained = unexplained or (self.traffic.handed_out() if self.traffic is not None else None)
             if unexplained:
                 raise TraceTampered(f"the kernel saw traffic between the ranks that the trace does not explain: "
