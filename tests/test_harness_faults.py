@@ -67,6 +67,8 @@ def test_a_kill_mid_save_is_the_tests_own_fault(tmp_path, event, left_behind):
                          probes=[harness.SharedFolder(str(tmp_path)), harness.KillAt(rank=1, event=event)])
     assert result.killed is not None and result.killed.rank == 1, result.killed
     assert f"file event {event}:" in result.killed.event, result.killed.event
+    # the open torch.save makes is the one event that names a file being written
+    assert result.killed.written == (f"{tmp_path.name}/c/part1.tmp" if event == 2 else None), result.killed
     assert result.values[1] is None
     assert harness.run(listing, 1, str(tmp_path), "c", probes=[harness.SharedFolder(str(tmp_path))], timeout=TIMEOUT).values == \
         [left_behind], "no COMMIT: rank 0 never got past the barrier"

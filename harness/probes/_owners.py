@@ -180,6 +180,11 @@ class UidOwners:
         self.last = _gone_since(self.watch, self.last, snap)
         return snap
 
+    @staticmethod
+    def handed_out() -> list:
+        """Nothing: a socket keeps its creator's uid whoever holds it, so a snapshot never loses one."""
+        return []
+
 
 def _gone_since(watch: nd.DestroyWatch | None, last: dict, snap: Snapshot) -> dict:
     """Fill ``snap.gone``: the connections of the last snapshot that no rank holds now, each with its

@@ -94,8 +94,8 @@ class FileWitness:
         with self.lock:
             supervisor = self.supervisors.get(rank)
             event = supervisor.killed if supervisor is not None else None
-            return None if event is None else Killed(rank, f"its file event {len(supervisor.events)}: "
-                                                           f"{supervisor.describe(event)}")
+            return None if event is None else Killed.at(rank, f"its file event {len(supervisor.events)}: "
+                                                              f"{supervisor.describe(event)}")
 
     def close(self):
         with self.lock:

@@ -80,9 +80,20 @@ class _ArmTheAuditHook(RankPart):
 
 @dataclass(frozen=True)
 class Killed:
-    """The injected kill that happened: which rank, and the file event it died before."""
+    """The injected kill that happened: which rank, the file event it died before (in words), and, when that
+    event was an open for writing, the file's path from the counted folder's parent (else None)."""
     rank: int
     event: str
+    written: str | None = None
+
+    @classmethod
+    def at(cls, rank: int, event: str) -> "Killed":
+        """From the event in words, "its file event 3: open for writing ckpt/step_2/COMMIT"."""
+        what = event.split(": ", 1)[-1]
+        return cls(rank, event, what[len(_WRITE):] if what.startswith(_WRITE) else None)
+
+
+_WRITE = "open for writing "   # how both counters (the file witness, the audit hook) name it, before its path
 
 
 def killed_from(rank: int, exitcode: int | None, stderr: str) -> Killed | None:
@@ -90,7 +101,7 @@ def killed_from(rank: int, exitcode: int | None, stderr: str) -> Killed | None:
     lines = [line for line in stderr.splitlines() if line.startswith(KILL_LINE)]
     if exitcode != -signal.SIGKILL or not lines:
         return None
-    return Killed(rank, lines[-1][len(KILL_LINE):])
+    return Killed.at(rank, lines[-1][len(KILL_LINE):])
 
 
 def arm(event_number: int, under: str) -> None:
@@ -118,7 +129,7 @@ def arm(event_number: int, under: str) -> None:
         if name == "open":
             path, mode, flags = args
             if (mode and any(c in mode for c in "wax+")) or (flags or 0) & _WRITE_FLAGS:
-                event("open", path)
+                event(_WRITE.strip(), path)
         elif name == "os.rename":
             event("rename to", args[1])
         elif name in _PATH_EVENTS:

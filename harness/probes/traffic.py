@@ -174,7 +174,7 @@ class Witness:
     def handed_out(self) -> str | None:
         """After the file witness has closed its copies of the sockets no rank holds now (``release_sockets``):
         None, or the first of them still connected, which a process outside the world must hold."""
-        for r, s in getattr(self.owners, "handed_out", lambda: [])():
+        for r, s in self.owners.handed_out():
             return (f"a TCP connection rank {r} held ({s.local[0]}:{s.local[1]} to {s.remote[0]}:{s.remote[1]}) is "
                     "still open, but no rank holds it now: it was handed to a process outside the world")
         return None

@@ -383,18 +383,14 @@ def _check_resumes_from(target, case, shared, folder, want, killed, complete):
                  rank, want)
 
 
-_WRITE_EVENT = re.compile(r"^its file event \d+: (open for writing|open|torch\.save) (.+)$")   # as KillAt names them
-
-
 def _tear(killed, folder, whole):
     """Leave the file the killed rank was about to write as a kill in the middle of that write leaves it: under
     the name being written, a prefix of its bytes (half of what the uninterrupted save wrote there, from
     ``whole``; filler bytes for a name that save did not keep).  Returns the file's path, or None when the
     kill came before some other event (a rename, a mkdir, a remove), where nothing is half-written."""
-    written = _WRITE_EVENT.match(killed.event) if killed else None
-    if written is None:
+    if killed is None or killed.written is None:
         return None
-    path = os.path.join(os.path.dirname(os.path.realpath(folder)), written.group(2))
+    path = os.path.join(os.path.dirname(os.path.realpath(folder)), killed.written)
     kept = os.path.join(whole, os.path.relpath(path, os.path.realpath(folder)))
     data = open(kept, "rb").read() if os.path.isfile(kept) else b"\x80 half of a file " * 16
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -423,7 +419,7 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(target, case, share
     later = given_to_ranks(case, n, k1, 1, True)
     during = harness.run(_session, n, target, setup, later, folder, 1, True, True, probes=[shared, kill])
     torn = None
-    if _WRITE_EVENT.match(during.killed.event if during.killed else ""):
+    if during.killed is not None and during.killed.written is not None:
         harness.run(_session, n, target, setup, later, whole, 1, True, True, probes=[shared])
         torn = _tear(during.killed, folder, whole)
     marker = os.path.join(os.path.realpath(folder), f"step_{k1 + 1}", "COMMIT")
