@@ -103,6 +103,7 @@ class PidOwners:
         self.known: dict[int, nd.Sock] = {}   # inode -> the kernel's entry, for TCP sockets
         self.last: dict = {}                   # cookie -> (rank, Sock) at the last snapshot
         self.kept_only: list = []              # (rank, Sock): connections held only by our copies, at the last
+        self.held: dict[int, set] = {}         # rank -> the inodes its processes held, at the last
 
     def snapshot(self) -> Snapshot:
         """Each rank's sockets as its fd tables name them now, with the kernel's current counters."""
@@ -111,6 +112,7 @@ class PidOwners:
             paths = {}
             for p in _descendants(pid):
                 paths.update(sockets_of(p))
+            self.held[r] = set(paths)
             if self.kept is not None:
                 kept_only[r] = {i: path for i, path in self.kept(r).items() if i not in paths}
                 paths.update(kept_only[r])

@@ -171,6 +171,12 @@ class Witness:
         before, self.last = self.last, self.owners.snapshot()
         return check(difference(before, self.last), trace)
 
+    def held(self, rank: int) -> set | None:
+        """The inodes of the sockets rank ``rank``'s processes held at the last snapshot, where the owners
+        read fd tables (else None)."""
+        held = getattr(self.owners, "held", None)
+        return None if held is None else held.get(rank)
+
     def handed_out(self) -> str | None:
         """After the file witness has closed its copies of the sockets no rank holds now (``release_sockets``):
         None, or the first of them still connected, which a process outside the world must hold."""

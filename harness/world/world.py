@@ -11,8 +11,8 @@ the kernel's TCP counters against the trace (``probes.traffic``), the ranks' fil
 from __future__ import annotations
 
 import json
-import multiprocessing.connection as mpc
 import os
+import selectors
 import shutil
 import tempfile
 import time
@@ -140,6 +140,12 @@ class World(Outcomes):
     def pids(self) -> list:
         return [p.pid for p in self.procs]
 
+    def _held_now(self, rank: int) -> set:
+        """The sockets rank ``rank``'s processes hold: as the traffic witness's snapshot of this call's end read
+        their fd tables, else read now."""
+        held = self.traffic.held(rank) if self.traffic is not None else None
+        return held if held is not None else held_by(self.pids()[rank])
+
     def grant_shared(self):
         """The shared folder's whole tree to the ranks' group (where the ranks run as their own uids)."""
         ids = self.setups[0].ids
@@ -202,7 +208,7 @@ class World(Outcomes):
             check_record(ops, streamed, replies, policy)
             trace = build_trace(ops, self.records)
             unexplained = self.traffic.end(trace) if self.traffic is not None else None
-            self.files.release_sockets(lambda r: held_by(self.pids()[r]))
+            self.files.release_sockets(self._held_now)
             unexplained = unexplained or (self.traffic.handed_out() if self.traffic is not None else None)
             if unexplained:
                 raise TraceTampered(f"the kernel saw traffic between the ranks that the trace does not explain: "
@@ -220,51 +226,56 @@ class World(Outcomes):
     def _collect(self, token: bytes, timeout: float, memory_gb: float, probes) -> tuple:
         """Wait for every rank's reply, reading the record streams as they come and ticking the probes and
         the memory guard.  Returns (replies by rank, the ranks still pending, the injected kill or None)."""
-        replies: dict[int, Reply] = {}
-        deadline = time.monotonic() + timeout
-        first_error_at = killed = None
+        call = _Waiting(self, time.monotonic() + timeout)
         last_tick = time.monotonic()
-        pending = {c: r for r, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        streams = {stream.reader: stream for stream in self.records}
-        while pending:
-            wait_until = deadline if first_error_at is None else min(deadline, first_error_at + 0.3)
-            left = wait_until - time.monotonic()
-            if left <= 0:
-                break
-            ready = mpc.wait(list(pending) + list(sentinels) + list(streams), min(left, _WATCH_INTERVAL))
-            if time.monotonic() - last_tick >= _WATCH_INTERVAL:   # also while records stream without a pause
-                last_tick = time.monotonic()
-                self.watch_memory(memory_gb)
-                for probe in probes:
-                    probe.tick(self)
-            for obj in ready:
-                if obj in streams:
-                    if not streams[obj].drain():
-                        del streams[obj]   # the rank is gone: its pipe is at end of file, always ready
-                    continue
-                r = sentinels.pop(obj) if obj in sentinels else pending.get(obj)
-                conn = self.conns[r]
-                if conn not in pending:
-                    continue
-                try:
-                    data = read_frame(conn, deadline) if obj is conn or conn.poll() else None
-                except TimeoutError:
-                    continue   # a frame that never ended: the rank stays unfinished, as a hang
-                except (EOFError, OSError):
-                    data = None   # the pipe closed without a reply: the rank died
-                except WireError as e:
-                    self.kill()
-                    raise TraceTampered(f"rank {r} wrote to its reply pipe what the harness's rank loop did not: {e}") from None
-                del pending[conn]
-                if data is None:
-                    killed = self._death(r, probes)
-                    deadline = min(deadline, time.monotonic() + _KILL_GRACE)
-                    continue
-                replies[r] = self._reply(r, data, token)
-                if replies[r].status != "ok" and first_error_at is None:
-                    first_error_at = time.monotonic()
-        return replies, set(pending.values()), killed
+        try:
+            while call.pending:
+                wait_until = call.deadline if call.first_error_at is None else min(call.deadline,
+                                                                                   call.first_error_at + 0.3)
+                left = wait_until - time.monotonic()
+                if left <= 0:
+                    break
+                ready = [key.fileobj for key, _ in call.watched.select(min(left, _WATCH_INTERVAL))]
+                if time.monotonic() - last_tick >= _WATCH_INTERVAL:   # also while records stream without a pause
+                    last_tick = time.monotonic()
+                    self.watch_memory(memory_gb)
+                    for probe in probes:
+                        probe.tick(self)
+                for obj in ready:
+                    if obj in call.streams:
+                        call.drain(obj)
+                    else:
+                        self._answer(call, obj, token, probes)
+        finally:
+            call.watched.close()
+        return call.replies, set(call.pending.values()), call.killed
+
+    def _answer(self, call: "_Waiting", obj, token: bytes, probes):
+        """A rank's reply pipe or its process sentinel is ready: read its reply, or note its death."""
+        r = call.sentinels.pop(obj) if obj in call.sentinels else call.pending.get(obj)
+        if obj is not self.conns[r]:
+            call.watched.unregister(obj)
+        conn = self.conns[r]
+        if conn not in call.pending:
+            return
+        try:
+            data = read_frame(conn, call.deadline) if obj is conn or conn.poll() else None
+        except TimeoutError:
+            return   # a frame that never ended: the rank stays unfinished, as a hang
+        except (EOFError, OSError):
+            data = None   # the pipe closed without a reply: the rank died
+        except WireError as e:
+            self.kill()
+            raise TraceTampered(f"rank {r} wrote to its reply pipe what the harness's rank loop did not: {e}") from None
+        del call.pending[conn]
+        call.watched.unregister(conn)
+        if data is None:
+            call.killed = self._death(r, probes)
+            call.deadline = min(call.deadline, time.monotonic() + _KILL_GRACE)
+            return
+        call.replies[r] = self._reply(r, data, token)
+        if call.replies[r].status != "ok" and call.first_error_at is None:
+            call.first_error_at = time.monotonic()
 
     def _reply(self, rank: int, data: bytes, token: bytes) -> Reply:
         try:
@@ -279,3 +290,25 @@ class World(Outcomes):
             self.kill()
             raise TraceTampered(f"rank {rank} sent more than one reply")
         return reply
+
+
+class _Waiting:
+    """One call's wait for its ranks: what is still pending, what came back, and the one epoll set that watches
+    every reply pipe, process sentinel and record stream for the whole call (a poll set rebuilt at each
+    wake-up, most of them for one record line, was most of the loop's cost)."""
+
+    def __init__(self, world: World, deadline: float):
+        self.deadline = deadline
+        self.first_error_at = self.killed = None
+        self.replies: dict[int, Reply] = {}
+        self.pending = {c: r for r, c in enumerate(world.conns)}
+        self.sentinels = {p.sentinel: r for r, p in enumerate(world.procs)}
+        self.streams = {stream.reader: stream for stream in world.records}
+        self.watched = selectors.DefaultSelector()
+        for obj in (*self.pending, *self.sentinels, *self.streams):
+            self.watched.register(obj, selectors.EVENT_READ)
+
+    def drain(self, reader):
+        if not self.streams[reader].drain():
+            self.watched.unregister(reader)
+            del self.streams[reader]   # the rank is gone: its pipe is at end of file, always ready
