@@ -25,6 +25,7 @@ Public API -- problems, the test helpers and the judge app use only these names:
     expect_type(value, "list[list[int]]", "make_buckets(sizes, cap)"), WrongType
                                   a returned value against the contract's type
     live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
+    hold(*objects)                what a rank function keeps alive past its call's end, for ``RunResult.memory``
     CommOp, PhaseSpan, Trace, to_chrome      the trace of a call, and the same as Chrome trace-event JSON
     errors: HarnessError, HangError, HangStopped, RankError, NotImplementedYet, RankCrashed, ForbiddenOp,
             TraceTampered, TargetError, BackendUnavailable, WorldSkipped, raised_by_stub
@@ -46,7 +47,7 @@ _EXPORTS = {
     "device": "devices", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
-    "live_tensor_bytes": "memory", "live_storages": "memory", "saved_for_backward": "memory",
+    "live_tensor_bytes": "memory", "hold": "memory", "live_storages": "memory", "saved_for_backward": "memory",
     "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",

@@ -4,6 +4,7 @@
                                               every tensor storage alive in this process, as ``Storages``
     live_tensor_bytes(exclude=())             their total bytes
     saved_for_backward()                      a context manager recording what autograd saves for backward
+    hold(*objects)                            keep them alive past the call's end, till the next call begins
 
 Nothing here asks the code under test where its state lives.  ``live_storages``
 walks every object Python's garbage collector tracks: tensors and Parameters in
@@ -169,14 +170,11 @@ def _numel(held: Held) -> int:
 
 
 def _drop_waited_works():
-    """The tracer keeps each call's Work objects to time their waits, and a Work keeps its tensors alive.
-    Once a wait is recorded the tracer needs the Work no more: let it go, so communication buffers the
-    code under test released are not counted as held."""
+    """The tracer keeps each call's Work objects to time their waits, and a Work keeps its tensors alive:
+    once a wait is recorded, let it go, so buffers the code under test released are not counted as held."""
     recorder = _active_recorder()
     if recorder is not None:
-        for key, (_, op) in list(recorder.works.items()):
-            if op.get("wait_end") is not None:
-                del recorder.works[key]
+        recorder.drop_waited()
 
 
 def _kinds(*roots) -> frozenset:
@@ -298,3 +296,20 @@ def saved_for_backward():
     record = SavedForBackward()
     with saved_tensors_hooks(record._pack, record._unpack):
         yield record
+
+
+_HELD: list = []
+
+
+def hold(*objects):
+    """Keep ``objects`` alive in this rank past the call's end, until the next call begins: the call's resident
+    memory at its end (``RunResult.memory``, the kernel's count, read by the test process) then includes all
+    they hold, tensors or not.  The next call's own reading starts with them still held."""
+    _HELD.extend(objects)
+
+
+def release_held():
+    """The rank loop, as a call begins: what the last call held goes."""
+    if _HELD:
+        _HELD.clear()
+        _collect()   # what they held may be cycles (an optimizer and its parameters)

@@ -9,7 +9,7 @@ from .config import ROOT
 CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
-_OPTIONAL = {"title_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
+_OPTIONAL = {"title_zh", "hints_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
              "max_world_size", "probes", "stand_ins"}
 PROBES = ("compute", "flops")   # what every call of a problem's tests may measure (the plugin makes them)
 _DIFFICULTIES = ("easy", "medium", "hard")
@@ -36,6 +36,7 @@ class Problem:
     time_limit: float = 5.0
     points: dict = field(default_factory=dict)
     hints: tuple = ()
+    hints_zh: tuple = ()   # the hints in Chinese, one for each of ``hints``
     trace_test: str = ""   # the test whose last case --trace/--show records
     show: str = ""         # the test whose recorded drawing --show prints (record_property("drawing", text))
     max_world_size: int = 4   # the largest world its tests start: NCCL needs that many GPUs
@@ -71,9 +72,16 @@ class Problem:
     def points_for(self, test_name: str) -> float:
         return float(self.points.get(test_name.split("[")[0], 1))
 
-    @property
-    def display_title(self) -> str:
-        return f"{self.title}（{self.title_zh}）" if self.title_zh else self.title
+    def title_in(self, lang: str) -> str:
+        """The title in ``lang`` (English where the catalogue has none in it)."""
+        return self.title_zh if lang == "zh" and self.title_zh else self.title
+
+    def hints_in(self, lang: str) -> tuple:
+        return self.hints_zh if lang == "zh" and self.hints_zh else self.hints
+
+    def readme(self, lang: str) -> str:
+        """The statement's file name in ``lang``."""
+        return "README.zh.md" if lang == "zh" else "README.md"
 
 
 def load(path: str = CATALOGUE) -> dict:
@@ -120,6 +128,9 @@ def load(path: str = CATALOGUE) -> dict:
             raise CatalogueError(f"{where}: probes has unknown names {', '.join(sorted(bad))}; known: {', '.join(PROBES)}")
         if not isinstance(entry.get("points", {}), dict):
             raise CatalogueError(f"{where}: points must map test names to numbers")
+        if entry.get("hints_zh") and len(entry["hints_zh"]) != len(entry.get("hints") or ()):
+            raise CatalogueError(f"{where}: hints_zh has {len(entry['hints_zh'])} hints, hints has "
+                                 f"{len(entry.get('hints') or ())}: one translation for each")
         problem = Problem(
             number=entry["number"], slug=str(entry["slug"]), title=str(entry["title"]),
             difficulty=entry["difficulty"], topic=str(entry["topic"]), file=str(entry["file"]),
@@ -127,7 +138,7 @@ def load(path: str = CATALOGUE) -> dict:
             forbidden_ops=tuple(entry.get("forbidden_ops") or ()),
             allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
-            hints=tuple(entry.get("hints") or ()), trace_test=str(entry.get("trace_test", "")),
+            hints=tuple(entry.get("hints") or ()), hints_zh=tuple(entry.get("hints_zh") or ()), trace_test=str(entry.get("trace_test", "")),
             show=str(entry.get("show", "")), max_world_size=entry.get("max_world_size", 4),
             probes=tuple(entry.get("probes") or ()), stand_ins=tuple(entry.get("stand_ins") or ()))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):

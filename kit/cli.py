@@ -11,8 +11,9 @@ import signal
 import sys
 import time
 
-from . import catalogue, report, show, stubs
-from .config import PROFILES, KitConfig
+from . import catalogue, report, scaffold, show, stubs
+from .config import LANGS, PROFILES, KitConfig
+from .messages import Message, speaker
 from harness import protections_here
 
 from .channel import scratch
@@ -38,7 +39,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     summary, _, details = doc.partition("\n\n")
     p = _Parser(prog="judge.py", description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog=details)
-    p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade'")
+    p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade' / 'new'")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--solution", action="store_true", help="judge the reference in solutions/")
@@ -77,6 +78,11 @@ def parser(doc: str) -> argparse.ArgumentParser:
                         "uid when root, the file witness): a verdict a cheater cannot have forged")
     p.add_argument("--device-audit", action="store_true",
                    help="selfcheck: the reference also runs under the device audit (tensors on harness.device())")
+    p.add_argument("--title", help="new: the new problem's title")
+    p.add_argument("--topic", default="model parallel", help="new: the new problem's topic")
+    p.add_argument("--lang", choices=list(LANGS), default=None,
+                   help="the language of the report, hints and messages: en or zh (default: KIT_LANG, else the "
+                        "locale)")
     p.add_argument("--brief", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -99,15 +105,24 @@ def config_of(args, profile: str | None = None) -> KitConfig:
     """The run's configuration: the command line first, then the user's overrides (kit/config.py)."""
     base = KitConfig()
     return KitConfig(profile=profile or args.profile or base.profile, verbose=args.verbose,
-                     backend=args.backend or base.backend, landlock=not args.no_landlock)
+                     backend=args.backend or base.backend, landlock=not args.no_landlock,
+                     lang=getattr(args, "lang", None) or base.lang)
+
+
+def _said(error: Exception, lang: str) -> str:
+    """A usage error's one line, in ``lang`` where it is a catalogued message."""
+    message = error.args[0] if error.args else ""
+    text = message.say(lang) if isinstance(message, Message) else str(error)
+    return speaker(lang)("usage.error", message=text)
 
 
 def main(doc: str, argv=None) -> int:
+    lang = KitConfig.__dataclass_fields__["lang"].default_factory()
     try:
         args = parser(doc).parse_args(argv)
-        config_of(args)   # a bad KIT_* override is a usage error too
+        lang = config_of(args).lang   # a bad KIT_* override is a usage error too
     except (UsageError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_said(e, lang if lang in LANGS else "en"), file=sys.stderr)
         return EXIT_USAGE
     try:
         problems = catalogue.load()
@@ -118,10 +133,10 @@ def main(doc: str, argv=None) -> int:
         with _sigterm_as_interrupt():
             return _dispatch(problems, args)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_said(e, lang), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print("\n" + speaker(lang)("usage.interrupted"), file=sys.stderr)
         return EXIT_INTERRUPTED
     except InternalError as e:
         print(f"internal error: {e}", file=sys.stderr)
@@ -149,19 +164,21 @@ def _dispatch(problems, args) -> int:
     if args.sealed:
         _require_sealing(protections_here())
     if args.problem is None:
-        return cmd_list(problems)
+        return cmd_list(problems, config_of(args).lang)
     if args.problem == "selfcheck":
         return cmd_selfcheck(problems, args)
     if args.problem == "grade":
         return cmd_grade(problems, args)
+    if args.problem == "new":
+        return cmd_new(args)
     if args.rest:
-        raise UsageError(f"unexpected arguments: {' '.join(args.rest)}")
+        raise UsageError(Message("usage.unexpected", {"args": " ".join(args.rest)}))
     for option in ("output", "trace"):
         _writable(getattr(args, option), f"--{option}")
     problem = _problem(problems, args.problem)
     _check_backend([problem], config_of(args))
     if args.hint:
-        return cmd_hint(problem)
+        return cmd_hint(problem, config_of(args).lang)
     if args.reset:
         print(stubs.reset(problem, KitConfig().state_dir, ask=(lambda _q: "y") if args.yes else input))
         return EXIT_PASS
@@ -194,7 +211,7 @@ def _check_backend(chosen: list, config: KitConfig):
 def _problem(problems: dict, text: str):
     if not text.isdigit() or int(text) not in problems:
         valid = ", ".join(str(n) for n in sorted(problems))
-        raise UsageError(f"no problem {text!r}. Valid problems: {valid}. Run 'python judge.py' to list them.")
+        raise UsageError(Message("usage.no_problem", {"text": text, "valid": valid}))
     return problems[int(text)]
 
 
@@ -202,9 +219,9 @@ def _writable(path: str | None, option: str):
     """A file to write: its folder must exist (one line and exit 4, not a traceback)."""
     folder = os.path.dirname(os.path.abspath(path)) if path else None
     if folder and not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+        raise UsageError(Message("usage.no_folder", {"option": option, "path": path, "folder": folder}))
     if path and os.path.isdir(path):
-        raise UsageError(f"{option} {path} is a folder: name a file to write")
+        raise UsageError(Message("usage.is_folder", {"option": option, "path": path}))
 
 
 def _target(problem, args, scored: bool = False) -> tuple[str, list]:
@@ -216,11 +233,11 @@ def _target(problem, args, scored: bool = False) -> tuple[str, list]:
         path = os.path.abspath(args.target)
         if os.path.isdir(path) and not scored:
             inside = os.path.join(args.target, problem.file)
-            raise UsageError(f"--target names a folder, not a file: {args.target}" +
-                             (f" (did you mean {inside}?)" if os.path.isfile(inside) else
-                              f" (problem {problem.number}'s file is {problem.file})"))
+            more = Message("usage.did_you_mean", {"inside": inside}) if os.path.isfile(inside) else \
+                Message("usage.file_is", {"number": problem.number, "file": problem.file})
+            raise UsageError(_TargetFolder(args.target, more))
         if not os.path.isfile(path) and not scored:
-            raise UsageError(f"target file not found: {args.target}")
+            raise UsageError(Message("usage.target_missing", {"target": args.target}))
         return path, ["--target", args.target]
     return problem.practice_file(), []
 
@@ -253,7 +270,7 @@ def _validate(problem, path, scored: bool = False):
 def _tests_root(args) -> str | None:
     for option, folder in (("--tests", args.tests), ("--add-tests", args.add_tests)):
         if folder and not os.path.isdir(folder):
-            raise UsageError(f"{option}: folder not found: {folder}")
+            raise UsageError(Message("usage.tests_missing", {"option": option, "folder": folder}))
     return args.tests
 
 
@@ -262,8 +279,28 @@ def _test_set_args(args) -> list:
     return (["--tests", args.tests] if args.tests else []) + (["--add-tests", args.add_tests] if args.add_tests else [])
 
 
+class _TargetFolder(Message):
+    """--target names a folder: said with the file it may have meant, in the message's language."""
+
+    def __init__(self, target: str, more: Message):
+        super().__init__("usage.target_folder", {"target": target, "more": more})
+
+    def say(self, lang: str) -> str:
+        return speaker(lang)(self.id, target=self.fields["target"], more=self.fields["more"].say(lang))
+
+
 def _no_tests(verdict, args) -> UsageError:
-    return UsageError(f"no tests matched in {verdict.tests_dir}" + (f" for -k {args.select!r}" if args.select else ""))
+    return UsageError(_NoTests(verdict.tests_dir, args.select))
+
+
+class _NoTests(Message):
+    def __init__(self, folder: str, select: str | None):
+        super().__init__("usage.no_tests", {"folder": folder, "select": select})
+
+    def say(self, lang: str) -> str:
+        say = speaker(lang)
+        return say(self.id, folder=self.fields["folder"],
+                   select=say("usage.for_select", select=self.fields["select"]) if self.fields["select"] else "")
 
 
 def cmd_judge(problem, args) -> int:
@@ -280,48 +317,60 @@ def cmd_judge(problem, args) -> int:
         raise InternalError("--sealed: the ranks of this run were not sealed in: "
                             + "; ".join(verdict.protections.get("missing") or ["no rank reported"]))
     target_args = target_args + _test_set_args(args)
+    lang = config_of(args).lang
     if args.format == "text" and not args.output:
-        report.render_text(verdict, target_args, brief=args.brief, verbose=args.verbose, select=args.select)
+        report.render_text(verdict, target_args, brief=args.brief, verbose=args.verbose, select=args.select,
+                           lang=lang)
     else:
         report.write(verdict, args.format, args.output, target_args, verbose=args.verbose,
                      hidden_visibility=args.visibility,
-                     note="" if os.path.isfile(path) else missing_submission(problem, path))
+                     note="" if os.path.isfile(path) else missing_submission(problem, path), lang=lang)
     # Progress is the score of a complete run of the learner's own file on the public tests.
     if path == problem.practice_file() and not args.select and not tests_root and not args.add_tests:
         Progress(KitConfig().state_dir).record_result(problem, verdict.score, verdict.max_score, verdict.all_passed)
     return EXIT_PASS if verdict.all_passed else EXIT_FAIL
 
 
-def cmd_list(problems) -> int:
+def _status_words(status: str, say) -> str:
+    """A problem's status (``progress.status_of``) in the report's language."""
+    if status.startswith("failing"):
+        return say("status.failing", score=status[status.index("(") + 1:-1])
+    return say(f"status.{status}")
+
+
+def cmd_list(problems, lang: str = "en") -> int:
     from rich.table import Table
     from rich.text import Text
+    say = speaker(lang)
     con = report.console()
     state = Progress(KitConfig().state_dir).load()
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for col in ("#", "problem", "difficulty", "topic", "status"):
-        table.add_column(col, overflow="fold")
+    for col in ("number", "problem", "difficulty", "topic", "status"):
+        table.add_column(say(f"list.col.{col}"), overflow="fold")
     for n in sorted(problems):
         p = problems[n]
         status = status_of(p, state)
         style = "green" if status == "passed" else "yellow" if status.startswith("failing") else "dim"
-        table.add_row(str(n), p.display_title, p.difficulty, p.topic, Text(status, style=style))
+        table.add_row(str(n), p.title_in(lang), say(f"difficulty.{p.difficulty}"), say(f"topic.{p.topic}"),
+                      Text(_status_words(status, say), style=style))
     con.print(table)
     nxt = next_problem(problems, state)
     if nxt is None:
-        con.print(Text("Every problem passes. Try --profile thorough, or grade yourself on hidden tests.", style="green"))
+        con.print(Text(say("list.all_pass"), style="green"))
     else:
-        con.print(Text(f"next: read practice/{nxt.folder}/README.md, then run: python judge.py {nxt.number}",
-                       style="bold"))
+        con.print(Text(say("list.next", folder=nxt.folder, readme=nxt.readme(lang), number=nxt.number), style="bold"))
     return EXIT_PASS
 
 
-def cmd_hint(problem) -> int:
+def cmd_hint(problem, lang: str = "en") -> int:
+    say = speaker(lang)
     index, text = Progress(KitConfig().state_dir).next_hint(problem)
+    hints = problem.hints_in(lang)
     if text is None:
-        print(f"No more hints for {problem.number}: you have seen all {len(problem.hints)}. "
-              f"The statement is practice/{problem.folder}/README.md.")
+        print(say("hint.none_left", number=problem.number, count=len(hints), folder=problem.folder,
+                  readme=problem.readme(lang)))
     else:
-        print(f"Hint {index}/{len(problem.hints)} for {problem.number}: {text}")
+        print(say("hint", index=index, count=len(hints), number=problem.number, text=hints[index - 1]))
     return EXIT_PASS
 
 
@@ -434,7 +483,10 @@ def cmd_selfcheck(problems, args) -> int:
     tests_root = _tests_root(args)
     config = config_of(args, profile=args.profile if args.profile not in (None, "default") else "quick")
     _check_backend(chosen, config)
-    rows = []
+    # the catalogue against the files it names: a renamed test, a stale README table, a statement's list
+    rows = [{"problem": "all", "target": "catalogue", "ok": False, "detail": line}
+            for line in scaffold.out_of_sync(problems, only=[p.number for p in chosen] if args.rest else None)] \
+        if tests_root is None else []
     for problem in chosen:
         with live(args, f"selfcheck {problem.number}") as bar:
             rows += selfcheck_problem(problem, config, tests_root=tests_root,
@@ -460,6 +512,20 @@ def cmd_selfcheck(problems, args) -> int:
         if tests_root:
             con.print(Text(selfcheck_summary(tests_root, rows), style="red" if bad else "green"))
     return EXIT_FAIL if any(not r["ok"] for r in rows) else EXIT_PASS
+
+
+def cmd_new(args) -> int:
+    """judge.py new N SLUG [--title T] [--topic T]: lay out a new problem (kit/scaffold.py)."""
+    if len(args.rest) != 2 or not args.rest[0].isdigit():
+        raise UsageError("usage: python judge.py new <number> <slug> [--title TITLE] [--topic TOPIC]")
+    try:
+        written = scaffold.new(int(args.rest[0]), args.rest[1], title=args.title or "", topic=args.topic)
+    except scaffold.ScaffoldError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(["wrote:"] + [f"  {path}" for path in written] +
+                     [f"next: write the problem over the skeleton, add two alternates in {written[-1]}, then run "
+                      f"python judge.py selfcheck {args.rest[0]}"]))
+    return EXIT_PASS
 
 
 def selfcheck_summary(tests_root: str, rows: list) -> str:

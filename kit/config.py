@@ -11,6 +11,8 @@ User-facing overrides (documented in the README):
     KIT_BACKEND=gloo|nccl|auto            the process-group backend of the problems' ranks
     KIT_STATE_DIR=DIR                     where progress, hints and --reset backups live (default .kit/)
     KIT_RANK_MEMORY_GB=N                  each rank's resident-memory limit
+    KIT_LANG=en|zh                        the language of what the judge says, when no --lang is given
+                                          (else the locale: LC_ALL, LC_MESSAGES or LANG starting "zh")
 """
 from __future__ import annotations
 
@@ -20,11 +22,21 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = {"quick": 10, "default": 50, "thorough": 500}   # hypothesis examples per property
 BACKENDS = ("gloo", "nccl", "auto")
+LANGS = ("en", "zh")
 
 
 def _environment(name: str, default=None):
     value = os.environ.get(name, "").strip()
     return value or default
+
+
+def _language() -> str:
+    """KIT_LANG, else the locale's language where it is Chinese, else English."""
+    chosen = _environment("KIT_LANG")
+    if chosen:
+        return chosen
+    locale = next((v for v in (_environment(n) for n in ("LC_ALL", "LC_MESSAGES", "LANG")) if v), "")
+    return "zh" if locale.lower().startswith("zh") else "en"
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,7 @@ class KitConfig:
     state_dir: str = field(default_factory=lambda: _environment("KIT_STATE_DIR", os.path.join(ROOT, ".kit")))
     world_size: int | None = None       # run only the examples whose worlds have this many ranks (gpucheck)
     landlock: bool = True               # False: confine the ranks as on a kernel without Landlock (--no-landlock)
+    lang: str = field(default_factory=_language)   # what the judge says is in this language (messages.py)
     rank_memory_gb: float | None = field(
         default_factory=lambda: float(_environment("KIT_RANK_MEMORY_GB")) if _environment("KIT_RANK_MEMORY_GB")
         else None)
@@ -46,6 +59,8 @@ class KitConfig:
             raise ValueError(f"unknown profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.lang not in LANGS:
+            raise ValueError(f"unknown language {self.lang!r}: choose one of {', '.join(LANGS)}")
 
     @property
     def examples(self) -> int:

@@ -13,6 +13,9 @@ import shlex
 import sys
 
 from .judging import NOT_IMPLEMENTED, Verdict
+from . import messages
+from .messages import speaker
+from . import statements
 
 LOAD_ERROR = "load error"   # the kind of every test of a file that could not be loaded
 
@@ -84,19 +87,36 @@ def _line_of(location: str) -> int:
 
 
 def failure_lines(name: str, kind: str | None, message: str, case: str, rerun: str | None,
-                  max_message_lines: int | None = None) -> list[tuple[str, str]]:
-    """(text, style) lines of one failure: the property, the case that broke it, the rerun command."""
-    lines = [(f"✗ {name}" + (f" ({kind})" if kind and kind not in ("property",) else ""), "bold red")]
-    body = (message or "(no message)").splitlines()
+                  max_message_lines: int | None = None, lang: str = "en", explained: str = "") -> list[tuple[str, str]]:
+    """(text, style) lines of one failure: the property (``explained``: the statement's words for it, in
+    ``lang``), the message, the case that broke it, the rerun command."""
+    say = speaker(lang)
+    lines = [(f"✗ {name}" + (f" ({kind_words(kind, lang)})" if kind and kind not in ("property",) else ""),
+              "bold red")]
+    if explained:
+        lines.append(("  " + say("report.property", text=explained), "bold"))
+    body = (message or say("report.no_message")).splitlines()
     if max_message_lines and len(body) > max_message_lines:
         hidden = len(body) - max_message_lines
-        body = body[:max_message_lines] + [f"… {hidden} more line{'s' if hidden > 1 else ''}: run the command below"]
+        more = say("report.more_lines", count=hidden)
+        body = body[:max_message_lines] + [more.replace("lines", "line") if hidden == 1 else more]
     lines += [("  " + line, "") for line in body]
     if case:
-        lines.append(("  failing case: " + case, "yellow"))
+        lines.append(("  " + say("report.case", case=case), "yellow"))
     if rerun:
-        lines.append(("  rerun just this case: " + rerun, "dim"))
+        lines.append(("  " + say("report.rerun", command=rerun), "dim"))
     return lines
+
+
+def kind_words(kind: str | None, lang: str) -> str | None:
+    """A failure's kind in ``lang`` (a kind without a message of its own is said as it is)."""
+    return messages.say(lang, f"kind.{kind}") if kind and f"kind.{kind}" in messages.MESSAGES else kind
+
+
+def explanation(verdict: Verdict, test_name: str, lang: str) -> str:
+    """The statement's words for a failed property, where they are not the report's own language already: the
+    Chinese statement's property list under ``--lang zh``; nothing in English (the message is English)."""
+    return "" if lang == "en" else statements.property_text(verdict.problem, test_name.split("[")[0], lang)
 
 
 def load_error_groups(tests) -> list[tuple[str, list]]:
@@ -109,68 +129,73 @@ def load_error_groups(tests) -> list[tuple[str, list]]:
 
 
 def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = False, verbose: bool = False,
-                select: str | None = None):
+                select: str | None = None, lang: str = "en"):
     from rich.table import Table
     from rich.text import Text
     con = console(out)
+    say = speaker(lang)
     p = verdict.problem
     if not brief:
-        con.print(Text(f"{p.number} · {p.display_title}", style="bold"))
-        con.print(Text(f"target: {relative(verdict.target)}   profile: {verdict.profile}   seed: {verdict.seed}"
-                       f"   backend: {verdict.backend}", style="dim"))
-        line, line_style = protections_line(verdict.protections)
+        con.print(Text(f"{p.number} · {p.title_in(lang)}", style="bold"))
+        con.print(Text(say("report.run", target=relative(verdict.target), profile=verdict.profile, seed=verdict.seed,
+                           backend=verdict.backend), style="dim"))
+        line, line_style = protections_line(verdict.protections, lang)
         con.print(Text(line, style=line_style), soft_wrap=True)
         table = Table(show_edge=False, box=None, pad_edge=False)
-        table.add_column("test", overflow="fold")
-        table.add_column("points", justify="right")
-        table.add_column("result")
-        table.add_column("time", justify="right")
+        table.add_column(say("report.col.test"), overflow="fold")
+        table.add_column(say("report.col.points"), justify="right")
+        table.add_column(say("report.col.result"))
+        table.add_column(say("report.col.time"), justify="right")
         for t in verdict.tests:
-            result = Text("pass", style="green") if t.passed else Text(t.kind or "fail", style="red")
+            result = Text(say("report.pass"), style="green") if t.passed else \
+                Text(kind_words(t.kind, lang) or say("report.fail"), style="red")
             table.add_row(t.name, f"{t.points:g}/{t.max_points:g}", result, f"{t.duration:.1f}s")
         con.print(table)
     style = "bold green" if verdict.all_passed else "bold red"
-    con.print(Text(f"score: {verdict.score:g}/{verdict.max_score:g}   ({verdict.elapsed:.1f} s)", style=style))
+    con.print(Text(say("report.score", score=f"{verdict.score:g}", max_score=f"{verdict.max_score:g}",
+                       seconds=f"{verdict.elapsed:.1f}"), style=style))
     real = [t for t in verdict.failures() if t.kind not in (NOT_IMPLEMENTED, LOAD_ERROR)]
     stubs = not_implemented_groups(verdict.failures())
     for message, names in load_error_groups(verdict.failures()):
         con.print()
-        every = "every test" if len(names) == len(verdict.tests) else f"{len(names)} tests"
-        for line, line_style in failure_lines(f"cannot load the file under test ({every} scores 0: load error)",
-                                              None, message, "", None):
+        every = say("report.every_test") if len(names) == len(verdict.tests) else \
+            say("report.some_tests", count=len(names))
+        for line, line_style in failure_lines(say("report.load_error", which=every), None, message, "", None,
+                                              lang=lang):
             con.print(Text(line, style=line_style), soft_wrap=True)
     for t in real[:1] if brief else real:
         con.print()
         for line, line_style in failure_lines(t.name, t.kind, t.message, t.example,
-                                              replay_command(verdict, t.name, target_args)):
+                                              replay_command(verdict, t.name, target_args), lang=lang,
+                                              explained=explanation(verdict, t.name, lang)):
             # soft_wrap: a long line stays one line, so the rerun command can be pasted
             con.print(Text(line, style=line_style), soft_wrap=True)
         if verbose and t.hypothesis:
-            con.print(Text("  hypothesis says:", style="dim"))
+            con.print(Text("  " + say("report.hypothesis"), style="dim"))
             con.print(Text("\n".join("    " + x for x in t.hypothesis.splitlines()), style="dim"), soft_wrap=True)
     if stubs and not (brief and real):
         con.print()
         for where, names in stubs:
-            tests = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more tests"
-            con.print(Text(f"✗ not implemented yet: {where}: {tests}", style="red"), soft_wrap=True)
+            tests = ", ".join(names) if len(names) <= 3 else say("report.and_more", first=names[0], count=len(names) - 1)
+            con.print(Text(say("report.not_implemented", where=where, tests=tests), style="red"), soft_wrap=True)
     if verdict.all_passed and not brief:
         if select:
-            con.print(Text(f"The properties matching -k {select!r} hold. All of them: python judge.py "
-                           f"{' '.join(shlex.quote(str(a)) for a in [p.number, *target_args])}", style="green"),
+            command = "python judge.py " + " ".join(shlex.quote(str(a)) for a in [p.number, *target_args])
+            con.print(Text(say("report.selected_hold", select=repr(select), command=command), style="green"),
                       soft_wrap=True)
         else:
-            con.print(Text("All properties hold. What is next: python judge.py (every problem and your status)",
-                           style="green"), soft_wrap=True)
+            con.print(Text(say("report.all_hold"), style="green"), soft_wrap=True)
 
 
-def protections_line(protections: dict) -> tuple[str, str]:
+def protections_line(protections: dict, lang: str = "en") -> tuple[str, str]:
     """(text, style): whether the ranks were sealed in, and when not, what was missing and why."""
+    say = speaker(lang)
     if not protections:
-        return "protections: unknown (no rank started)", "yellow"
+        return say("protections.unknown"), "yellow"
     if protections.get("sealed"):
         shown = ", ".join(f"{m} {v}" for m, v in protections.items() if m not in ("sealed", "missing"))
-        return f"protections: sealed ({shown})", "dim"
-    return "protections: NOT SEALED: " + "; ".join(protections.get("missing") or ["unknown"]), "bold yellow"
+        return say("protections.sealed", shown=shown), "dim"
+    return say("protections.unsealed", missing="; ".join(protections.get("missing") or ["unknown"])), "bold yellow"
 
 
 def as_json(verdict: Verdict) -> dict:
@@ -188,24 +213,28 @@ def as_json(verdict: Verdict) -> dict:
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")   # Gradescope's four
 
 
-def as_gradescope(verdict: Verdict, hidden_visibility: str = "after_published", note: str = "") -> dict:
+def as_gradescope(verdict: Verdict, hidden_visibility: str = "after_published", note: str = "",
+                  lang: str = "en") -> dict:
     """Gradescope autograder results.json (score, max_score, tests[], execution_time).
 
     What a student reads: the broken property and the failing case, with no paths of the
     grading server in it.  The public tests are ``visible``; a test set of the instructor's
     (``--tests`` / ``--add-tests``) gets ``hidden_visibility``, so its cases stay unseen until then.
-    ``note``: said above the tests (why a submission scored 0, say).
+    ``note``: said above the tests (why a submission scored 0, say).  ``lang``: as judge.py's report.
     """
+    say = speaker(lang)
     tests = []
     for t in verdict.tests:
         output = ""
         if not t.passed:
-            output = t.message + (f"\n\nfailing case: {t.example}" if t.example else "")
+            explained = explanation(verdict, t.name, lang)
+            output = (say("report.property", text=explained) + "\n\n" if explained else "") + t.message + \
+                ("\n\n" + say("report.case", case=t.example) if t.example else "")
         tests.append({"name": t.name, "score": t.points, "max_score": t.max_points,
                       "status": "passed" if t.passed else "failed", "output": strip_paths(output),
                       "visibility": "visible" if is_public(verdict, t) else hidden_visibility})
-    title = f"Problem {verdict.problem.number}: {verdict.problem.title}"
-    sealed = strip_paths(protections_line(verdict.protections)[0])
+    title = say("report.problem", number=verdict.problem.number, title=verdict.problem.title_in(lang))
+    sealed = strip_paths(protections_line(verdict.protections, lang)[0])
     return {"score": verdict.score, "max_score": verdict.max_score, "execution_time": round(verdict.elapsed, 3),
             "output": f"{title}\n{sealed}" + (f"\n\n{strip_paths(note)}" if note else ""), "visibility": "visible",
             "tests": tests, "extra_data": {"protections": verdict.protections}}
@@ -218,15 +247,15 @@ def is_public(verdict: Verdict, test) -> bool:
 
 
 def write(verdict: Verdict, fmt: str, output: str | None, target_args: list, verbose: bool = False,
-          hidden_visibility: str = "after_published", note: str = ""):
+          hidden_visibility: str = "after_published", note: str = "", lang: str = "en"):
     if fmt == "text":
         if output:
             with open(output, "w", encoding="utf-8") as f:
-                render_text(verdict, target_args, out=f, verbose=verbose)
+                render_text(verdict, target_args, out=f, verbose=verbose, lang=lang)
         else:
-            render_text(verdict, target_args, verbose=verbose)
+            render_text(verdict, target_args, verbose=verbose, lang=lang)
         return
-    data = as_json(verdict) if fmt == "json" else as_gradescope(verdict, hidden_visibility, note)
+    data = as_json(verdict) if fmt == "json" else as_gradescope(verdict, hidden_visibility, note, lang)
     text = json.dumps(data, indent=2, ensure_ascii=False)
     if output:
         with open(output, "w", encoding="utf-8") as f:

@@ -63,3 +63,28 @@ def saved_bytes(free):
 def test_tensors_saved_for_backward_are_seen_until_their_storage_is_freed():
     assert harness.run(saved_bytes, 1, False, timeout=60).values[0][0] >= 64 * 64 * 4
     assert harness.run(saved_bytes, 1, True, timeout=60).values[0][0] == 0
+
+
+MB = 2**20
+KEPT = []
+
+
+def churn_then_keep(keep_mb: int):
+    """Blocks of 4 MiB made and freed many times over, as training's temporaries are; then ``keep_mb`` kept, in a
+    numpy array the tensor walk cannot see."""
+    import numpy as np
+    for _ in range(8):
+        blocks = [torch.ones(MB) for _ in range(8)]   # 32 MiB in blocks of 4 MiB
+        del blocks
+    KEPT.append(np.ones(keep_mb * MB // 8))
+
+
+def test_resident_memory_follows_what_a_rank_holds_not_what_it_freed():
+    """The test process reads each rank's resident memory; large blocks freed give their pages back at once,
+    so what a call leaves resident is what it keeps, to within a few pages."""
+    harness.run(churn_then_keep, 1, 0)   # the first call's imports (numpy) stay resident
+    for keep_mb in (0, 16):
+        growth = harness.run(churn_then_keep, 1, keep_mb).memory[0]
+        kept = growth["end"] - growth["start"]
+        assert keep_mb * MB <= kept + MB // 4 and kept < (keep_mb + 2) * MB, (keep_mb, growth)
+        assert growth["peak"] - growth["start"] >= 16 * MB or keep_mb, growth   # the churn was seen while it ran

@@ -80,6 +80,7 @@ class Recorder(GroupCounters):
     def finish(self, result=None, returned: bool = False):
         """The call is over: stop watching compute and, when the rank function ``returned`` ``result``, stream
         how much of each op's in-flight compute that result needed (``compute_used``).  Safe to call twice."""
+        self.drop_waited()   # what the function let go of is free once it returns (RunResult.memory's end)
         watch, self.compute = self.compute, None
         if watch is None:
             return
@@ -237,6 +238,13 @@ class Recorder(GroupCounters):
             pairs = ((t, records[0]) for t in tensors)
         for t, op in pairs:
             self.works[id(t)] = (t, op)
+
+    def drop_waited(self):
+        """Let go of each Work whose wait is recorded: the record needs it no more, and a Work keeps its tensors
+        (communication buffers the code has released) alive."""
+        for key, (_, op) in list(getattr(self, "works", {}).items()):   # (none before the first reset)
+            if op.get("wait_end") is not None:
+                del self.works[key]
 
     def alias(self, work, future):
         """``work.get_future()``: waiting on the future is waiting on the work's op."""

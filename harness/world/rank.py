@@ -30,8 +30,9 @@ from ..sandbox import confine, guard_store, hint
 from ..sandbox.notify import hand_over
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
+from ..memory import release_held
 from .setup import RankSetup
-from .wire import Reply, WireError
+from .wire import TOKEN_BYTES, Reply, WireError
 
 # Process groups that calls created and never destroyed, before the world is replaced: each one
 # holds sockets and threads in every member (about 5 fds and 3 threads per call at N=2).
@@ -74,6 +75,21 @@ def _cap_allocations(memory_gb: float | None):
         data_kb = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
     limit = data_kb * 1024 + int(memory_gb * 2**30)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+_M_MMAP_THRESHOLD = -3   # glibc's mallopt parameter
+_OWN_PAGES_FROM = 1 << 20
+
+
+def _give_back_large_frees():
+    """Allocations of 1 MiB and more get pages of their own (mmap) and return them when freed, so the
+    rank's resident memory, which the test process reads (``probes.memory``), follows what it holds.
+    glibc would otherwise raise this threshold each time such a block is freed, and keep the pages of
+    later ones in its heap after they are freed.  A C library without mallopt keeps its own policy."""
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _OWN_PAGES_FROM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _user_frames(tb) -> list:
@@ -120,6 +136,7 @@ def rank_main(setup: RankSetup, conn, record_conn):
     hand_over(conn.fileno(), mode_for(protections["landlock"].startswith("ABI"), setup.shared is not None))
     # (what it could not do, it says to the test process)
     _cap_allocations(setup.sandbox.memory_gb)
+    _give_back_large_frees()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it
@@ -166,10 +183,16 @@ def _run_task(payload: bytes, functions: dict, recorder, verify_tracer) -> Reply
     """Run one call; the reply is plain data (see ``wire``): status, value or error, and the op count."""
     reply = Reply()
     try:
-        token, fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload)
-        reply.token = token
+        reply.token = payload[:TOKEN_BYTES]
+        try:
+            fn_key, fn_bytes, args, kwargs, policy = cloudpickle.loads(payload[TOKEN_BYTES:])
+        except Exception as e:
+            raise TypeError(f"the rank cannot load the arguments of this call ({type(e).__name__}: {e}): an "
+                            "argument of harness.run may name a function or class by a module the ranks cannot "
+                            "import (a test file's own); pass the rank function's own code, or data") from None
         if fn_bytes is not None:
             functions[fn_key] = cloudpickle.loads(fn_bytes)
+        release_held()
         recorder.reset(policy)
         here = device()
         args, kwargs = on_rank_device(args, here), on_rank_device(kwargs, here)

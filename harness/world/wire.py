@@ -17,7 +17,7 @@ A rank's answer to a call is a ``Reply``: exactly its fields, checked on arrival
 
 The other direction, a call from the test process to the ranks, is trusted and carries code: the
 rank function pickled by value (``dump_function``, which keeps each code object's real file name),
-and the call's arguments and ``Policy`` (``dumps``).
+and the call's arguments and ``Policy`` (``dumps``), after the call's token (TOKEN_BYTES).
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ from collections import ChainMap
 from dataclasses import dataclass
 
 import cloudpickle
+
+TOKEN_BYTES = 16   # each call's random token, first in its payload and echoed in every reply
 
 _MAX_DEPTH = 200
 MAX_REPLY = 1 << 34   # 16 GiB: a frame header that names more is a forgery, not a reply

@@ -32,7 +32,7 @@ from .outcomes import Outcomes
 from .records import RecordStream, build_trace, check_record
 from ..sandbox import identity
 from .setup import SandboxSpec, prepare_world
-from .wire import Reply, WireError, dump_function, dumps, read_frame
+from .wire import TOKEN_BYTES, Reply, WireError, dump_function, dumps, read_frame
 
 _START_TIMEOUT = 60.0   # per four ranks: on a loaded 2-core machine a world's ranks start one after another
 _WATCH_INTERVAL = 0.05   # how often a call in progress reads its ranks' resident memory
@@ -165,10 +165,11 @@ class World(Outcomes):
         kill or None).  Raises what went wrong, in plain words."""
         # Pickling a function by value scans sys.modules (~4 ms); ship each one once per world.
         fn_key = _FN_KEYS.setdefault(fn, len(_FN_KEYS))
-        token = os.urandom(16)  # a reply without it was not written by the rank loop
+        token = os.urandom(TOKEN_BYTES)  # a reply without it was not written by the rank loop; it leads the
+                                         # payload, so even a payload the rank cannot unpickle is answered
         try:
             fn_bytes = None if fn_key in self.sent_fns else dump_function(fn)
-            payloads = [dumps((token, fn_key, fn_bytes, *own_inputs(args, kwargs, r, self.world_size), policy))
+            payloads = [token + dumps((fn_key, fn_bytes, *own_inputs(args, kwargs, r, self.world_size), policy))
                         for r in range(self.world_size)]
         except Exception as e:
             error = TypeError(f"harness.run cannot send {getattr(fn, '__qualname__', fn)} and its arguments "

@@ -16,6 +16,7 @@ from testkit import strategies as hs
 from testkit.flat_shards import (mlp_widths_with_tiny, owned_real, owned_slice, ring_wire_bytes, shard_size,
                                  states_per_element)
 from testkit.models import mse, random_batches, random_mlp, shard, train_reference
+from testkit.resident import resident_growth
 
 FLOAT64 = ((torch.float64, None),)
 ANY_PRECISION = ((torch.float64, None), (torch.float32, None), (torch.bfloat16, torch.float32))
@@ -240,6 +241,39 @@ def test_optimizer_state_is_sharded(target, case):
                       f"{states} state value(s) per element); a view into a full-size buffer costs the whole buffer: "
                       f"the master copy or the optimizer state is not sharded ({_describe(case)}, P={numel})",
                       rank=rank)
+
+
+RESIDENT_WIDTHS = [1024, 1024, 1024]   # P = 2.1M float32 elements, 8 MiB: far above a page, and above the slack
+
+
+def _trained(target, stage, optimizer):
+    """Runs on every rank: two steps of ShardedOptimizer on a large float32 MLP, which stays held."""
+    rank = dist.get_rank()
+    model = random_mlp(RESIDENT_WIDTHS, 0, dtype=torch.float32)
+    opt = target.load().ShardedOptimizer(model.parameters(), optimizer.cls, stage=stage, **optimizer.kwargs)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        opt.zero_grad()
+        x = torch.randn(2, RESIDENT_WIDTHS[0], generator=gen, device="cpu").to(harness.device())
+        mse(model(x), torch.zeros(2, RESIDENT_WIDTHS[-1], device=harness.device())).backward()
+        opt.step()
+    harness.hold(model, opt)
+
+
+@hs.fewer_examples(0.04, minimum=2)
+@given(st.integers(2, 4), st.sampled_from([1, 2]), hs.optimizers().filter(lambda o: states_per_element(o) >= 2))
+def test_resident_memory_holds_only_a_shard_of_the_state(target, world_size, stage, optimizer):
+    numel = sum(p.numel() for p in random_mlp(RESIDENT_WIDTHS, 0, dtype=torch.float32).parameters())
+    full, s = numel * 4, shard_size(numel, world_size)
+    shard = s * 4 * (2 + states_per_element(optimizer))
+    bound = 2 * full + shard + full // 2   # the params, full gradients, the shard's master, gradient and state; slack
+    for rank, grew in enumerate(resident_growth(_trained, world_size, target, stage, optimizer)):
+        harness.check(grew <= bound,
+                      f"the kernel counts {grew} more bytes resident in this rank after two steps (the test process "
+                      f"read it from /proc), while the model's parameters and gradients ({2 * full} bytes) and a "
+                      f"shard of S={s} float32 elements with its gradient and {optimizer} state ({shard} bytes) "
+                      f"need {2 * full + shard}, with {full // 2} to spare: state is kept outside torch tensors "
+                      f"(numpy, ctypes, mmap), unsharded (stage={stage}, {world_size} ranks, P={numel})", rank=rank)
 
 
 @hs.fewer_examples(0.3)

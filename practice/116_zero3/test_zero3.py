@@ -17,6 +17,7 @@ import harness
 from testkit import strategies as hs
 from testkit.flat_shards import mlp_widths_with_tiny, owned_slice, ring_wire_bytes, shard_size, unflatten
 from testkit.models import mse, random_batches, random_mlp, shard, train_reference
+from testkit.resident import resident_growth
 
 
 @st.composite
@@ -334,6 +335,35 @@ def test_gathered_parameters_do_not_stay_alive(target, case):
                           "attributes; the views of them that autograd saved for backward, and any tensor your "
                           "code keeps, are counted wherever they are held "
                           f"({_describe(case)})", rank=rank)
+
+
+RESIDENT_WIDTHS = [1024, 1024, 1024]   # P = 2.1M float32 elements, 8 MiB: far above a page, and above the slack
+
+
+def _trained_and_held(target):
+    """Runs on every rank: wrap a large float32 MLP, one SGD step; the wrapper and the optimizer stay held."""
+    rank = dist.get_rank()
+    fsdp = target.load().FullyShardedModel(random_mlp(RESIDENT_WIDTHS, 0, dtype=torch.float32))
+    opt = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+    x = torch.randn(2, RESIDENT_WIDTHS[0], generator=torch.Generator().manual_seed(rank), device="cpu").to(harness.device())
+    mse(fsdp(x), torch.zeros(2, RESIDENT_WIDTHS[-1], device=harness.device())).backward()
+    opt.step()
+    harness.hold(fsdp, opt)
+
+
+@hs.fewer_examples(0.04, minimum=2)
+@given(st.integers(2, 4))
+def test_resident_memory_holds_only_shards(target, world_size):
+    layers = [(o * i + o) for i, o in zip(RESIDENT_WIDTHS[:-1], RESIDENT_WIDTHS[1:])]
+    shards = sum(shard_size(numel, world_size) for numel in layers) * 4
+    full = sum(layers) * 4
+    bound = 2 * shards + full // 2   # each unit's shard and its gradient; slack
+    for rank, grew in enumerate(resident_growth(_trained_and_held, world_size, target)):
+        harness.check(grew <= bound,
+                      f"the kernel counts {grew} more bytes resident in this rank after a step (the test process "
+                      f"read it from /proc), while the shards and their gradients need {2 * shards} bytes, with "
+                      f"{full // 2} to spare; all the parameters are {full} bytes: full parameters are kept, outside "
+                      f"torch tensors (numpy, ctypes, mmap) or in them ({world_size} ranks)", rank=rank)
 
 
 # ---- communication ------------------------------------------------------------------------------
