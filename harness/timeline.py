@@ -28,8 +28,22 @@ def _rows(spans: list) -> list[int]:
     return rows
 
 
+def _counters(rank: int, ops: list, spans: list) -> list:
+    """Counter events: the bytes this rank has put on the wire so far, and how many of its ops are in flight."""
+    changes = sorted([(start, 1, op.in_bytes if op.kind != "recv" else 0) for op, (start, _) in zip(ops, spans)] +
+                     [(end, -1, 0) for end in (end for _, end in spans)])
+    sent = in_flight = 0
+    events = []
+    for ts, step, nbytes in changes:
+        sent, in_flight = sent + nbytes, in_flight + step
+        events.append({"ph": "C", "pid": rank, "name": "bytes sent", "ts": ts * 1e6, "args": {"bytes": sent}})
+        events.append({"ph": "C", "pid": rank, "name": "ops in flight", "ts": ts * 1e6, "args": {"ops": in_flight}})
+    return events
+
+
 def to_chrome(trace: Trace) -> dict:
-    """One process per rank, with a 'compute' thread (the marked phases) and 'comm' threads (every op).
+    """One process per rank, with a 'compute' thread (the marked phases), 'comm' threads (every op) and two
+    counters: the bytes it has sent so far, and its ops in flight.
 
     Ops in flight at the same time (async all_reduces, say) go on separate comm rows
     ("comm", "comm 2", ...), so no two events on one row overlap without nesting.
@@ -55,4 +69,5 @@ def to_chrome(trace: Trace) -> dict:
                            "dur": (end - start) * 1e6,
                            "args": {"bytes": op.in_bytes, "peer": op.peer, "site": op.site, "phase": op.phase,
                                     "step": op.step, "blocking": op.blocking, "shapes": [list(s) for s in op.shapes]}})
+        events += _counters(rank, ops, spans)
     return {"traceEvents": events, "displayTimeUnit": "ms"}

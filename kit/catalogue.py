@@ -9,7 +9,7 @@ from .config import ROOT
 CATALOGUE = os.path.join(ROOT, "problems.yaml")
 
 _REQUIRED = {"number", "slug", "title", "difficulty", "topic", "file", "names"}
-_OPTIONAL = {"title_zh", "hints_zh", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
+_OPTIONAL = {"title_zh", "hints_zh", "cost", "forbidden_ops", "allowed_ops", "time_limit", "points", "hints", "trace_test", "show",
              "max_world_size", "probes", "stand_ins"}
 PROBES = ("compute", "flops")   # what every call of a problem's tests may measure (the plugin makes them)
 _DIFFICULTIES = ("easy", "medium", "hard")
@@ -37,6 +37,7 @@ class Problem:
     points: dict = field(default_factory=dict)
     hints: tuple = ()
     hints_zh: tuple = ()   # the hints in Chinese, one for each of ``hints``
+    cost: dict = field(default_factory=dict)   # the cost model: figure name -> its closed form (the statement's)
     trace_test: str = ""   # the test whose last case --trace/--show records
     show: str = ""         # the test whose recorded drawing --show prints (record_property("drawing", text))
     max_world_size: int = 4   # the largest world its tests start: NCCL needs that many GPUs
@@ -128,6 +129,8 @@ def load(path: str = CATALOGUE) -> dict:
             raise CatalogueError(f"{where}: probes has unknown names {', '.join(sorted(bad))}; known: {', '.join(PROBES)}")
         if not isinstance(entry.get("points", {}), dict):
             raise CatalogueError(f"{where}: points must map test names to numbers")
+        if not isinstance(entry.get("cost", {}), dict):
+            raise CatalogueError(f"{where}: cost must map figure names to their closed forms")
         if entry.get("hints_zh") and len(entry["hints_zh"]) != len(entry.get("hints") or ()):
             raise CatalogueError(f"{where}: hints_zh has {len(entry['hints_zh'])} hints, hints has "
                                  f"{len(entry.get('hints') or ())}: one translation for each")
@@ -138,7 +141,8 @@ def load(path: str = CATALOGUE) -> dict:
             forbidden_ops=tuple(entry.get("forbidden_ops") or ()),
             allowed_ops=tuple(entry["allowed_ops"]) if entry.get("allowed_ops") else None,
             time_limit=float(entry.get("time_limit", 5.0)), points=dict(entry.get("points") or {}),
-            hints=tuple(entry.get("hints") or ()), hints_zh=tuple(entry.get("hints_zh") or ()), trace_test=str(entry.get("trace_test", "")),
+            hints=tuple(entry.get("hints") or ()), hints_zh=tuple(entry.get("hints_zh") or ()),
+            cost={str(k): str(v) for k, v in (entry.get("cost") or {}).items()}, trace_test=str(entry.get("trace_test", "")),
             show=str(entry.get("show", "")), max_world_size=entry.get("max_world_size", 4),
             probes=tuple(entry.get("probes") or ()), stand_ins=tuple(entry.get("stand_ins") or ()))
         for kind, file in (("stub", problem.practice_file()), ("reference", problem.solution_file())):

@@ -78,6 +78,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
                         "uid when root, the file witness): a verdict a cheater cannot have forged")
     p.add_argument("--device-audit", action="store_true",
                    help="selfcheck: the reference also runs under the device audit (tensors on harness.device())")
+    p.add_argument("--skip-reference", action="store_true",
+                   help="selfcheck: leave the reference out (pytest --solution judges it, under the device audit)")
     p.add_argument("--title", help="new: the new problem's title")
     p.add_argument("--topic", default="model parallel", help="new: the new problem's topic")
     p.add_argument("--lang", choices=list(LANGS), default=None,
@@ -461,6 +463,9 @@ def cmd_trace(problem, args) -> int:
         drawing = show.drawing(problem, verdict)
         if drawing:
             con.print(Text(drawing))
+        page = show.write_html(problem, chosen, chrome, KitConfig().state_dir)
+        con.print(f"wrote {report.relative(page)}: the same timeline as a picture (open it in a browser)",
+                  soft_wrap=True)
     return EXIT_PASS if verdict.all_passed else EXIT_FAIL
 
 
@@ -491,7 +496,8 @@ def cmd_selfcheck(problems, args) -> int:
         with live(args, f"selfcheck {problem.number}") as bar:
             rows += selfcheck_problem(problem, config, tests_root=tests_root,
                                       seed=args.seed if args.seed is not None else 0,
-                                      progress=bar if bar.enabled else None, device_audit=args.device_audit)
+                                      progress=bar if bar.enabled else None, device_audit=args.device_audit,
+                                      reference=not args.skip_reference)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
     else:

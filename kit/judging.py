@@ -54,6 +54,7 @@ class TestResult:
     hypothesis: str = ""       # hypothesis's own notes and advice (judge.py --verbose)
     location: list | None = None   # [file, line, function] of a stub's own NotImplementedError
     drawing: str | None = None     # text the test recorded with record_property("drawing", ...) (--show)
+    cost: dict | None = None       # the cost figures its last example recorded (testkit.cost): case, figures
     file: str = ""                 # the test file it came from (which test set: public or added)
 
     @property
@@ -229,7 +230,8 @@ def judge_once(problem: Problem, target: str, config: KitConfig, *, tests_root: 
                                 points=max_points if t["outcome"] == "passed" else 0.0, duration=t["duration"],
                                 kind=t.get("kind"), message=t.get("message") or "", example=t.get("example") or "",
                                 target=t.get("target"), hypothesis=t.get("hypothesis") or "",
-                                location=t.get("location"), drawing=t.get("drawing"), file=t.get("file") or ""))
+                                location=t.get("location"), drawing=t.get("drawing"), cost=t.get("cost"),
+                                file=t.get("file") or ""))
     return Verdict(problem, target or "", tests, seed, config.profile, config.backend, elapsed, tests_dir, done.stdout,
                    added, protections=data.get("protections") or {})
 

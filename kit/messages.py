@@ -56,6 +56,13 @@ MESSAGES = {
         "zh": "所有性质都成立。下一步：python judge.py（列出每道题和你的进度）"},
     "report.hypothesis": {"en": "hypothesis says:", "zh": "hypothesis 的输出："},
     "report.problem": {"en": "Problem {number}: {title}", "zh": "第 {number} 题：{title}"},
+    # ---- the cost table (testkit.cost)
+    "cost.title": {"en": "cost of {test} ({case})", "zh": "代价：{test}（{case}）"},
+    "cost.col.figure": {"en": "figure", "zh": "指标"},
+    "cost.col.formula": {"en": "closed form", "zh": "闭式"},
+    "cost.col.model": {"en": "model", "zh": "模型"},
+    "cost.col.yours": {"en": "yours", "zh": "你的"},
+    "cost.col.ratio": {"en": "ratio", "zh": "比值"},
     # ---- what confined the ranks
     "protections.unknown": {"en": "protections: unknown (no rank started)", "zh": "保护：未知（没有秩启动）"},
     "protections.sealed": {"en": "protections: sealed ({shown})", "zh": "保护：已封闭（{shown}）"},

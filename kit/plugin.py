@@ -159,7 +159,10 @@ def _problem_policy(request):
         return
     import torch
     torch.set_num_threads(1)  # expected values use tiny tensors: threads only add overhead on small machines
-    audit = {"audit_devices": True} if request.config.getoption("--kit-device-audit") else {}   # else: the target's
+    # the reference (--solution) always runs under the device audit: CI's practice run proves it device-correct,
+    # so selfcheck need not run it again (--skip-reference)
+    audited = request.config.getoption("--kit-device-audit") or request.config.getoption("--solution")
+    audit = {"audit_devices": True} if audited else {}   # else: the target's
     probes = [{"compute": harness.Compute, "flops": harness.Flops}[name]() for name in found.probes]
     with harness.defaults(forbid=found.forbidden_ops, allow=found.allowed_ops, timeout=found.time_limit, probes=probes,
                           hidden=session.hidden_from_ranks(), landlock=session.config.landlock,

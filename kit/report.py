@@ -178,6 +178,11 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
         for where, names in stubs:
             tests = ", ".join(names) if len(names) <= 3 else say("report.and_more", first=names[0], count=len(names) - 1)
             con.print(Text(say("report.not_implemented", where=where, tests=tests), style="red"), soft_wrap=True)
+    if not brief:
+        for t in verdict.tests:
+            if t.cost:
+                con.print()
+                con.print(cost_table(verdict.problem, t, lang))
     if verdict.all_passed and not brief:
         if select:
             command = "python judge.py " + " ".join(shlex.quote(str(a)) for a in [p.number, *target_args])
@@ -185,6 +190,32 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
                       soft_wrap=True)
         else:
             con.print(Text(say("report.all_hold"), style="green"), soft_wrap=True)
+
+
+def cost_table(problem, test, lang: str = "en"):
+    """The figures one test recorded (testkit.cost): the closed form, the model's value, yours, the ratio."""
+    from rich.table import Table
+    say = speaker(lang)
+    table = Table(title=say("cost.title", test=test.name, case=test.cost.get("case", "")), title_justify="left",
+                  show_edge=False, box=None, pad_edge=False)
+    for col, justify in (("figure", "left"), ("formula", "left"), ("model", "right"), ("yours", "right"),
+                         ("ratio", "right")):
+        table.add_column(say(f"cost.col.{col}"), justify=justify)
+    for f in test.cost.get("figures", []):
+        model, yours = f.get("model"), f.get("yours")
+        table.add_row(str(f.get("figure")), problem.cost.get(f.get("figure"), ""), _figure(model), _figure(yours),
+                      cost_ratio(model, yours))
+    return table
+
+
+def cost_ratio(model, yours) -> str:
+    """yours / model, or a dash where that means nothing (a model of 0, a figure that is no number)."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (model, yours))
+    return f"{yours / model:.2f}" if numbers and model else "—"
+
+
+def _figure(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def protections_line(protections: dict, lang: str = "en") -> tuple[str, str]:

@@ -50,6 +50,12 @@ def out_of_sync(problems: dict, root: str = ROOT, only=None) -> list:
         if listed is not None and set(listed) != tests:
             found.append(f"problem {p.number}: the statement's property list names {sorted(set(listed) - tests)} "
                          f"that are no tests, and not the tests {sorted(tests - set(listed))}")
+        if p.cost and listed is not None:
+            concept = statements.section(statements.read(p, "en", root), statements.SECTIONS["en"][2])
+            for figure, formula in p.cost.items():
+                if figure not in concept or formula not in concept:
+                    found.append(f"problem {p.number}: its cost figure {figure!r} = {formula!r} is not derived in "
+                                 "its statement's concept section (the same name and closed form)")
         if not p.wrong_files(root):
             found.append(f"problem {p.number}: no known-wrong version in solutions/{p.folder}/wrong/")
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:

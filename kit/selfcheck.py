@@ -9,7 +9,7 @@ import os
 from .channel import scratch
 from .catalogue import Problem
 from .config import KitConfig
-from .judging import UsageError, judge_once
+from .judging import UsageError, judge_once, test_names_in
 from .report import relative
 from .stubs import is_stub, pristine_stub
 
@@ -45,7 +45,7 @@ def stub_for_selfcheck(problem: Problem, folder: str) -> tuple[str | None, str]:
 
 
 def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | None = None, seed: int | None = 0,
-                      progress=None, device_audit: bool = False) -> list[dict]:
+                      progress=None, device_audit: bool = False, reference: bool = True) -> list[dict]:
     """One row per target: the reference and each alternate must pass, the stub score 0 cleanly, each wrong
     version fail.
 
@@ -53,6 +53,8 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
     All targets run in one test process (``--kit-targets``), sharing its warm ranks; without
     shrinking, since only "it fails" matters here.  ``device_audit``: the reference runs under the
     device audit (see harness.devices), so it must also keep its tensors on ``harness.device()``.
+    ``reference`` False: the reference is left out (the practice run, ``pytest --solution``, judges it, under
+    the device audit); every test must still be shown able to fail.
 
     ``tests_root`` (an instructor's test set): what can be checked is checked (the reference passes, the
     stub fails cleanly); the known-wrong versions name the kit's own tests, so each runs on every test of
@@ -60,7 +62,8 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
     """
     with scratch("selfcheck-") as tmp:
         stub_path, stub_origin = stub_for_selfcheck(problem, tmp)
-        targets = [{"id": "reference", "path": problem.solution_file(), "device_audit": device_audit}]
+        targets = [{"id": "reference", "path": problem.solution_file(), "device_audit": device_audit}] \
+            if reference else []
         if stub_path:
             targets.append({"id": "stub", "path": stub_path})
         for alternate in problem.alternate_files():
@@ -93,13 +96,13 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
         path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else relative(t["path"])
         rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail, "path": path})
     if tests_root is None:   # the kit's own tests: each must be shown able to fail (hidden tests are the instructor's)
-        rows += _unshown_tests(problem, verdict, set(expected.values()))
+        rows += _unshown_tests(problem, set(expected.values()))
     return rows
 
 
-def _unshown_tests(problem: Problem, verdict, named: set) -> list[dict]:
+def _unshown_tests(problem: Problem, named: set) -> list[dict]:
     """A row for each test that no known-wrong version names in REJECTED_BY: nothing shows it can fail."""
-    tests = sorted({r.name.split("[")[0] for r in verdict.tests if r.target == "reference"} - named)
+    tests = sorted(test_names_in(problem.tests_dir()) - named)
     return [{"problem": problem.number, "target": f"test:{name}", "ok": False, "path": f"practice/{problem.folder}",
              "detail": "no known-wrong version names it in REJECTED_BY: nothing shows this test can fail"}
             for name in tests]

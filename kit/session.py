@@ -146,6 +146,13 @@ class KitSession:
             "failing_case_traced": bool(report.failed and getattr(item, "_kit_case_traced", False) and not rank_side),
             "case": getattr(item, "_kit_case", ""),
         }
+        cost = dict(report.user_properties).get("cost")
+        if cost:   # the test's cost figures (testkit.cost), as counters beside the timeline
+            chrome["otherData"]["cost"] = cost
+            chrome["traceEvents"] += [{"ph": "C", "pid": "cost", "name": f["figure"], "ts": 0,
+                                       "args": {"model": f["model"], "yours": f["yours"]}}
+                                      for f in cost["figures"] if all(isinstance(f[k], (int, float))
+                                                                      for k in ("model", "yours"))]
         with open(os.path.join(self.trace_dir, show.trace_file_name(item.name)), "w", encoding="utf-8") as f:
             json.dump(chrome, f)
         self.trace = None
@@ -162,7 +169,7 @@ class KitSession:
             "example": props.get("kit_example", ""),
             "hypothesis": props.get("kit_hypothesis", ""),
             "location": props.get("kit_location"),
-            "drawing": props.get("drawing"), "file": props.get("kit_file"),
+            "drawing": props.get("drawing"), "cost": props.get("cost"), "file": props.get("kit_file"),
             "target": report.nodeid.rsplit("[", 1)[1].rstrip("]") if "[" in report.nodeid else None,
         }
         self.reports.append(entry)

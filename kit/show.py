@@ -1,6 +1,8 @@
 """What --trace and --show put in front of a learner: a call's timeline as Chrome JSON or as terminal lanes."""
 from __future__ import annotations
 
+import os
+
 from harness import to_chrome  # noqa: F401  (re-exported: the session writes each test's trace with it)
 
 
@@ -31,6 +33,18 @@ def drawing(problem, verdict) -> str | None:
         if problem.show and t.name.split("[")[0] == problem.show and t.drawing:
             return t.drawing
     return None
+
+
+def write_html(problem, test, chrome: dict, folder: str) -> str:
+    """The timeline as a self-contained page (``kit.timeline_html``), with the test's cost figures; its path."""
+    from .timeline_html import render_html
+    from .report import cost_ratio
+    costs = [{**f, "ratio": cost_ratio(f["model"], f["yours"])} for f in (test.cost or {}).get("figures", [])]
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"timeline-{problem.number}.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_html(chrome, f"{problem.number} · {problem.title}: {test.name}", costs or None))
+    return path
 
 
 def render_lanes(chrome: dict, width: int = 72, exposed_after: str = "backward") -> list[tuple[str, str]]:

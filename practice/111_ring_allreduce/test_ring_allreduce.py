@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import member_group
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
@@ -176,7 +176,7 @@ def test_ring_neighbours_only(target, case, chunk_rows):
 
 
 @given(cases(), st.integers(0, 8))
-def test_bytes_within_ring_bound(target, case, chunk_rows):
+def test_bytes_within_ring_bound(target, record_property, case, chunk_rows):
     _, trace = _run_all(target, case, (chunk_rows, 2))
     n, numel, elem = case["world_size"], math.prod(case["shape"]), case["dtype"].itemsize
     per_step = math.ceil(numel / n) * elem
@@ -198,6 +198,18 @@ def test_bytes_within_ring_bound(target, case, chunk_rows):
                           f"{name} of {what}: rank {rank} sent {sent} bytes, more than a ring needs: "
                           f"{formula} = {bound} bytes. Each step passes one chunk to the right neighbour, "
                           "never the whole tensor", rank=rank)
+    # the all-reduce's figures, for the cost table: from the trace, never from the code's own numbers
+    sends = [op for rank in range(n) for op in trace.ops(rank, phase="ring_all_reduce") if op.kind == "send"]
+    per_rank, per_link = {}, {}
+    for op in sends:
+        per_rank[op.rank] = per_rank.get(op.rank, 0) + op.in_bytes
+        per_link[(op.rank, op.peer)] = per_link.get((op.rank, op.peer), 0) + op.in_bytes
+    model = bounds["ring_all_reduce"][0]
+    exact = numel % n == 0   # the closed form is exact when N divides numel: the case moving most such is shown
+    cost.record(record_property, f"ring_all_reduce of {_describe(case)}", model if exact else -1,
+                bytes_per_rank=(model, max(per_rank.values(), default=0)),
+                busiest_link=(model, max(per_link.values(), default=0)),
+                messages_per_rank=(2 * (n - 1), max([sum(op.rank == r for op in sends) for r in range(n)])))
 
 
 # ---- the messages decide the result ----------------------------------------------------------
