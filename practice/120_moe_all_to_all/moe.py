@@ -3,7 +3,8 @@
 Read README.md in this folder first.  Replace each ``raise NotImplementedError``
 with your implementation, then run ``python judge.py 120``.
 
-Part 1 is the forward pass, Part 2 the backward pass; each earns its own points.
+Part 1 is the forward pass, Part 2 the backward pass, Part 3 the capacity factor (token
+dropping), Part 4 the load-balancing loss; each earns its own points.
 ``_AllToAll`` below is a suggested shape, not a requirement: only ``moe_forward`` is tested.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ class _AllToAll(torch.autograd.Function):
         raise NotImplementedError("_AllToAll.backward: see README.md, 'Part 2: backward'")
 
 
-def moe_forward(x, router_w, w1, w2, top_k, group=None):
+def moe_forward(x, router_w, w1, w2, top_k, group=None, capacity_factor=None, return_stats=False):
     """A mixture-of-experts layer whose experts are spread over the ranks of ``group``.
 
     ``x``: [T_r, d], this rank's tokens (T_r may differ by rank, and may be 0).
@@ -45,12 +46,31 @@ def moe_forward(x, router_w, w1, w2, top_k, group=None):
     counts you exchange included (read them back with ``.tolist()``: split sizes are Python lists).
 
     Routing: logits = x @ router_w; each token takes its top_k experts by logit (ties as
-    torch.topk breaks them) with weights = softmax over those top_k logits.
-    Returns y: [T_r, d] with y[t] = sum_j weights[t, j] * expert_{e_j}(x[t]).
+    torch.topk breaks them; choice j is the j-th largest) with weights = softmax over those
+    top_k logits.  Returns y: [T_r, d] with y[t] = sum_j weights[t, j] * expert_{e_j}(x[t]).
 
     Communication: exactly 3 ``dist.all_to_all_single`` per call: the token counts, the
     dispatch of the tokens (with split sizes), the combine of the results; nothing else.
     Differentiable for x, router_w, w1 and w2 (Part 2); router_w.grad holds this rank's
     tokens' contribution only (not all-reduced).
+
+    Part 3, ``capacity_factor`` (None: nothing is dropped): each expert takes at most
+    capacity = ceil(capacity_factor * T_r * top_k / E) of this rank's (token, choice) pairs.
+    Pairs claim slots choice rank by choice rank (every token's first choice, then every
+    token's second), by token index within one; a pair past its expert's capacity is dropped
+    before the dispatch (not sent) and adds 0 to its token's output (the weights are not
+    renormalised): a token with every choice dropped has y[t] = 0, and the residual around the
+    layer carries it.  The counts, dispatch and combine carry the kept pairs only.
+
+    Part 4, ``return_stats=True``: returns the tuple (y, aux_loss, dropped) instead of y.
+    ``dropped``: a Python int, how many of this rank's (token, choice) pairs were dropped.
+    ``aux_loss``: a 0-d tensor, Switch's load-balancing loss over the global batch (every rank
+    of the group), the same value on every rank: E * sum_e f_e * P_e, with f_e the fraction of
+    all (token, choice) pairs that chose expert e (dropped ones included) and P_e the mean over
+    all tokens of softmax(x @ router_w)[e] (over all E experts); 0 when no rank has a token.
+    Its gradient flows through P_e only, and on each rank it is that rank's own tokens' part
+    (as for router_w.grad).  One more collective is allowed for it: at most one all_reduce of at
+    most 2E + 1 numbers (or none, if the counts exchange carries the statistics); backward
+    still issues only the 2 mirrored all_to_all.
     """
     raise NotImplementedError("moe_forward: see README.md, 'Part 1: forward'")

@@ -4,7 +4,11 @@ Learner code runs only on the ranks (``harness.run``); the expected values come 
 single-device MoE layer holding every expert, computed here in the test process, and
 what was communicated comes from the harness's trace.  Each rank receives only its own
 tokens, experts and output gradient, and the replicated router (``harness.per_rank``).
+Parts 3 and 4 call ``moe_forward`` with ``capacity_factor=`` and ``return_stats=True``;
+Parts 1 and 2 call it exactly as before, without them.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, strategies as st
@@ -17,6 +21,8 @@ F64 = dict(atol=1e-9, rtol=1e-7)
 IDLE_LOGIT = -1e3        # an idle expert's router column makes its logit about this: never in the top-k
 SPLIT_ERRORS = ("alltoall", "Split sizes", "size mismatch", "doesn't match expected size")
 TIE_GAP = 1e-3           # routing is only compared where the k-th and (k+1)-th logits are at least this far apart
+CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)   # dyadic: capacity_factor * T_r * top_k is exact
+STATS_OPS = ("all_to_all", "all_reduce")   # what a call with return_stats=True may issue
 
 
 @st.composite
@@ -54,31 +60,83 @@ def layer(case, ranks=None):
     return [x.to(to) for x in xs], router_w.to(to), w1.to(to), w2.to(to), [y.to(to) for y in dys]
 
 
-def no_near_ties(xs, router_w, top_k):
-    """True when every token's top-k set is clear: the k-th and (k+1)-th logits differ by TIE_GAP or more."""
-    if top_k >= router_w.shape[1]:
+def no_near_ties(xs, router_w, top_k, ordered=False):
+    """True when every token's top-k set is clear: the k-th and (k+1)-th logits differ by TIE_GAP or more.
+    ``ordered`` (capacity: first choices claim slots before second ones): every two of the top k + 1 too."""
+    if top_k >= router_w.shape[1] and not ordered:
         return True
     logits = torch.cat(xs).double() @ router_w.double()
-    top = logits.topk(top_k + 1, dim=-1).values
+    top = logits.topk(min(top_k + 1, router_w.shape[1]), dim=-1).values
+    if ordered:
+        return bool((top[:, :-1] - top[:, 1:] >= TIE_GAP).all())
     return bool((top[:, top_k - 1] - top[:, top_k] >= TIE_GAP).all())
 
 
-def single_device_moe(x, router_w, w1, w2, top_k):
-    """The truth: every token through its top-k experts, all experts on one device (vectorised by gather)."""
+def single_device_moe(x, router_w, w1, w2, top_k, kept=None):
+    """The truth: every token through its top-k experts, all experts on one device (vectorised by gather).
+    ``kept`` ([T, top_k] bool): the pairs that got a slot; a dropped pair adds nothing to its token's output."""
     top, experts = (x @ router_w).topk(top_k, dim=-1)
     weights = torch.softmax(top, dim=-1)
+    if kept is not None:
+        weights = weights * kept
     hidden = F.gelu(torch.einsum("td,tkdh->tkh", x, w1[experts]))
     outputs = torch.einsum("tkh,tkhd->tkd", hidden, w2[experts])
     return (weights.unsqueeze(-1) * outputs).sum(1)
 
 
-def expected(xs, router_w, w1, w2, dys, top_k):
-    """Single-device output per rank, and the gradients of sum(y * dy) for x (per rank), router_w, w1, w2."""
+def capacity(tokens, top_k, n_experts, capacity_factor):
+    """Slots per expert for one rank's tokens."""
+    return math.ceil(capacity_factor * tokens * top_k / n_experts)
+
+
+def kept_pairs(x, router_w, top_k, capacity_factor):
+    """[T_r, top_k] bool for one rank's tokens: which (token, choice) pairs get a slot.  Claims go choice rank by
+    choice rank (all first choices, then all second ones), by token index within one; an expert takes the first
+    ``capacity`` claims on it."""
+    experts = (x.double() @ router_w.double()).topk(top_k, dim=-1).indices
+    tokens, n_experts = x.shape[0], router_w.shape[1]
+    kept = torch.zeros(tokens, top_k, dtype=torch.bool)
+    if capacity_factor is None:
+        return ~kept
+    slots, taken = capacity(tokens, top_k, n_experts, capacity_factor), [0] * n_experts
+    for j in range(top_k):
+        for t in range(tokens):
+            e = int(experts[t, j])
+            if taken[e] < slots:
+                taken[e], kept[t, j] = taken[e] + 1, True
+    return kept
+
+
+def aux_loss(x, router_w, top_k):
+    """Switch's load-balancing loss over the whole batch: E * sum_e f_e * P_e, f_e the fraction of the (token,
+    choice) pairs that chose e (dropping aside), P_e the mean of softmax(x @ router_w)[e]; 0 without tokens."""
+    if x.shape[0] == 0:
+        return (x @ router_w).sum()
+    logits = x @ router_w
+    n_experts = logits.shape[1]
+    chosen = torch.bincount(logits.topk(top_k, dim=-1).indices.flatten(), minlength=n_experts).to(logits.dtype)
+    f = chosen / (x.shape[0] * top_k)
+    return n_experts * (f * torch.softmax(logits, dim=-1).mean(0)).sum()
+
+
+def expected(xs, router_w, w1, w2, dys, top_k, capacity_factor=None, aux_coef=0.0):
+    """Single-device output per rank, and the gradients of sum(y * dy) + aux_coef * aux_loss for x (per rank),
+    router_w, w1, w2; with ``capacity_factor``, each rank's tokens dropped by the capacity of that rank."""
+    kept = torch.cat([kept_pairs(t, router_w, top_k, capacity_factor) for t in xs])
     x, router_w, w1, w2 = (t.detach().double().requires_grad_() for t in (torch.cat(xs), router_w, w1, w2))
-    y = single_device_moe(x, router_w, w1, w2, top_k)
-    (y * torch.cat(dys).double()).sum().backward()
+    y = single_device_moe(x, router_w, w1, w2, top_k, kept)
+    loss = (y * torch.cat(dys).double()).sum()
+    if aux_coef:
+        loss = loss + aux_coef * aux_loss(x, router_w, top_k)
+    loss.backward()
     sizes = [len(t) for t in xs]
     return list(y.detach().split(sizes)), list(x.grad.split(sizes)), router_w.grad, w1.grad, w2.grad
+
+
+def expected_stats(xs, router_w, top_k, capacity_factor=None):
+    """The aux loss (a float64 0-d tensor) and each rank's dropped (token, choice) pairs."""
+    dropped = [int((~kept_pairs(t, router_w, top_k, capacity_factor)).sum()) for t in xs]
+    return aux_loss(torch.cat(xs).double(), router_w.double(), top_k).detach(), dropped
 
 
 def rank_inputs(case, tensors, backward=False, members=None):
@@ -94,27 +152,39 @@ def rank_inputs(case, tensors, backward=False, members=None):
     return harness.per_rank(inputs)
 
 
-def _moe(target, mine, top_k, group_ranks=None):
-    """Runs on every rank: the MoE layer on this rank's tokens and experts, then, given its ``dy``, backward."""
+def _moe(target, mine, top_k, group_ranks=None, options=None, aux_coef=0.0):
+    """Runs on every rank: the MoE layer on this rank's tokens and experts, then, given its ``dy``, backward
+    (of sum(y * dy) + aux_coef * aux_loss with ``return_stats``).  ``options``: the keywords of Parts 3 and 4,
+    passed only when given, so Parts 1 and 2 call moe_forward exactly as their contract says."""
+    options = options or {}
     with member_group(group_ranks) as (group, members, i):
         if i is None:
             return None
         grad = mine["dy"] is not None
         x, router, w1, w2 = (mine[name].requires_grad_(grad) for name in ("x", "router_w", "w1", "w2"))
         with harness.phase("forward"):
-            y = target.load().moe_forward(x, router, w1, w2, top_k, group=group)
+            y = target.load().moe_forward(x, router, w1, w2, top_k, group=group, **options)
+        if options.get("return_stats"):
+            y, aux, dropped = harness.expect_type(y, "tuple[Tensor, Tensor, int]", "moe_forward(..., return_stats=True)")
         result = {"y": y.detach() if isinstance(y, torch.Tensor) else y}
+        if options.get("return_stats"):
+            result.update(aux=aux.detach(), dropped=dropped)
         if grad:
+            loss = (y * mine["dy"]).sum()
+            if options.get("return_stats"):
+                loss = loss + aux_coef * aux
             with harness.phase("backward"):
-                (y * mine["dy"]).sum().backward()
+                loss.backward()
             result["grads"] = {"x": x.grad, "router_w": router.grad, "w1": w1.grad, "w2": w2.grad}
         return result
 
 
-def run(target, case, tensors, backward=False, members=None):
+def run(target, case, tensors, backward=False, members=None, aux_coef=0.0):
+    options = {key: case[key] for key in ("capacity_factor", "return_stats") if case.get(key) is not None}
     try:
         return harness.run(_moe, case["world_size"], target, rank_inputs(case, tensors, backward, members),
-                           case["top_k"], group_ranks=members)
+                           case["top_k"], group_ranks=members, options=options, aux_coef=aux_coef,
+                           allow=STATS_OPS if case.get("return_stats") else None)
     except harness.NotImplementedYet:
         raise
     except (harness.RankError, harness.RankCrashed) as e:
@@ -130,17 +200,19 @@ def describe(case, members=None):
     tokens = case["tokens"][:n]
     where = f"the group {members} of {case['world_size']} ranks" if members else f"{n} rank{'s' * (n > 1)}"
     idle = f", idle experts {case['idle']}" if case["idle"] else ""
-    return (f"moe_forward(top_k={case['top_k']}) on {where} x {case['e_local']} experts, tokens per rank {tokens}, "
-            f"d={case['dim']}, h={case['hidden']}, {case['dtype']}{idle}")
+    options = "".join(f", {key}={case[key]}" for key in ("capacity_factor", "return_stats") if case.get(key))
+    return (f"moe_forward(top_k={case['top_k']}{options}) on {where} x {case['e_local']} experts, tokens per rank "
+            f"{tokens}, d={case['dim']}, h={case['hidden']}, {case['dtype']}{idle}")
 
 
-def check_outputs(values, case, want, members=None):
+def check_outputs(values, case, want, members=None, truth=None):
     for i, rank in enumerate(members or range(case["world_size"])):
         y = values[rank]["y"]
         harness.check(isinstance(y, torch.Tensor), f"{describe(case, members)} returned {type(y).__name__}, "
                       "not a tensor", rank=rank)
         harness.assert_close(y, want[i].to(case["dtype"]), f"{describe(case, members)}: the output y of this "
-                             "rank's tokens (single-device MoE with every expert)", rank=rank, **F64)
+                             f"rank's tokens ({truth[i] if truth else 'single-device MoE with every expert'})",
+                             rank=rank, **F64)
 
 
 def routing(xs, router_w, top_k, e_local):
@@ -242,20 +314,22 @@ def _grad(got, want, what, rank):
     return got
 
 
-def check_gradients(values, case, want, members=None):
+def check_gradients(values, case, want, members=None, loss="sum(y * dy)"):
     _, x_grads, router_grad, w1_grad, w2_grad = want
     e = case["e_local"]
     router_sum = torch.zeros_like(router_grad)
     for i, rank in enumerate(members or range(case["world_size"])):
         grads = values[rank]["grads"]
-        what = f"{describe(case, members)}: the gradient of"
+        what = f"{describe(case, members)}: the gradient of {loss} w.r.t."
         for name, full in (("x", x_grads[i]), ("w1", w1_grad[i * e:(i + 1) * e]), ("w2", w2_grad[i * e:(i + 1) * e])):
             got = _grad(grads[name], full, f"{what} {name}", rank)
             harness.assert_close(got, full, f"{what} {name} (this rank's slice of the single-device gradient)",
                                  rank=rank, **F64)
-        router_sum += _grad(grads["router_w"], router_grad, f"{what} router_w", rank)
+        if grads["router_w"] is not None or case["tokens"][i]:   # a rank without tokens contributes nothing
+            router_sum += _grad(grads["router_w"], router_grad, f"{what} router_w", rank)
     harness.assert_close(router_sum, router_grad, f"{describe(case, members)}: the SUM over ranks of router_w.grad "
-                         "(each rank's is its own tokens' contribution; moe_forward does not all-reduce it)", **F64)
+                         f"for {loss} (each rank's is its own tokens' contribution; moe_forward does not all-reduce "
+                         "it)", **F64)
 
 
 @hs.fewer_examples(0.5)
@@ -272,20 +346,230 @@ def splits_of(op):
     return tuple(tuple(s) for s in op.splits) if op.splits else ((), ())
 
 
+def check_backward_mirrors(trace, case, rank):
+    """Backward's ops on ``rank``: exactly the mirrors of the forward's dispatch and combine, nothing else."""
+    forward = trace.ops(rank, "all_to_all", phase="forward")
+    harness.check(len(forward) == 3, f"{describe(case)}: forward issued {len(forward)} all_to_all, expected 3 "
+                  "(the counts, the dispatch, the combine, in that order)", rank=rank)
+    tokens = forward[1:]      # the dispatch and the combine; the counts exchange needs no gradient
+    mirrored = sorted((splits_of(op)[1], splits_of(op)[0], op.out_bytes) for op in tokens)
+    backward = trace.ops(rank, phase="backward")
+    got = sorted(splits_of(op) + (op.in_bytes,) for op in backward)
+    harness.check(len(backward) == 2 and all(op.kind == "all_to_all" for op in backward) and got == mirrored,
+                  f"{describe(case)}: backward issued {'; '.join(op.describe() for op in backward) or 'nothing'}"
+                  f" with splits {[op.splits for op in backward]}; expected one all_to_all per token all_to_all "
+                  f"of the forward (the dispatch and the combine), sending the gradients back the way the tokens "
+                  f"came (split sizes swapped): splits {[(a, b) for a, b, _ in mirrored]}", rank=rank)
+
+
 @hs.fewer_examples(0.5)
 @given(cases())
 def test_backward_mirrors_the_token_all_to_alls(target, case):
     _, trace = run(target, case, layer(case), backward=True)
     for rank in range(case["world_size"]):
-        forward = trace.ops(rank, "all_to_all", phase="forward")
-        harness.check(len(forward) == 3, f"{describe(case)}: forward issued {len(forward)} all_to_all, expected 3 "
-                      "(the counts, the dispatch, the combine, in that order)", rank=rank)
-        tokens = forward[1:]      # the dispatch and the combine; the counts exchange needs no gradient
-        mirrored = sorted((splits_of(op)[1], splits_of(op)[0], op.out_bytes) for op in tokens)
-        backward = trace.ops(rank, phase="backward")
-        got = sorted(splits_of(op) + (op.in_bytes,) for op in backward)
-        harness.check(len(backward) == 2 and all(op.kind == "all_to_all" for op in backward) and got == mirrored,
-                      f"{describe(case)}: backward issued {'; '.join(op.describe() for op in backward) or 'nothing'}"
-                      f" with splits {[op.splits for op in backward]}; expected one all_to_all per token all_to_all "
-                      f"of the forward (the dispatch and the combine), sending the gradients back the way the tokens "
-                      f"came (split sizes swapped): splits {[(a, b) for a, b, _ in mirrored]}", rank=rank)
+        check_backward_mirrors(trace, case, rank)
+
+
+# ---- Part 3: capacity and dropping -------------------------------------------------------------
+
+@st.composite
+def capacity_cases(draw, dtypes=(torch.float64,), factors=CAPACITY_FACTORS, stats=False, empty=False):
+    """A layer with a capacity factor (None: no dropping) and, with ``stats``, return_stats=True; 0-8 tokens per
+    rank, so that capacities above 1 are common.  ``empty``: at least one rank without tokens, and sometimes no
+    rank with any."""
+    case = draw(cases(dtypes=dtypes))
+    case["tokens"] = draw(st.lists(st.integers(0, 8), min_size=case["world_size"], max_size=case["world_size"]))
+    n_experts = case["world_size"] * case["e_local"]
+    if factors == "large":       # capacity_factor >= E / top_k: every expert has a slot for every token
+        case["capacity_factor"] = n_experts / case["top_k"] * draw(st.sampled_from([1, 2, 4]))
+    else:
+        case["capacity_factor"] = draw(st.sampled_from(factors))
+    if empty:
+        tokens = case["tokens"]
+        tokens[draw(st.integers(0, len(tokens) - 1))] = 0
+        if draw(st.booleans()):
+            case["tokens"] = [0] * len(tokens)
+    case["return_stats"] = stats or None
+    return case
+
+
+def drops(case, xs, router_w):
+    """Per rank, in words: the capacity and which (token, choice) pairs the contract drops."""
+    k, factor, n_experts = case["top_k"], case["capacity_factor"], router_w.shape[1]
+    if factor is None:
+        return ["no capacity, nothing dropped"] * len(xs)
+    said = []
+    for x in xs:
+        gone = (~kept_pairs(x, router_w, k, factor)).nonzero().tolist()
+        said.append(f"capacity ceil({factor} * {len(x)} * {k} / {n_experts}) = {capacity(len(x), k, n_experts, factor)} "
+                    f"per expert; dropped (token, choice): {[tuple(p) for p in gone] or 'none'}")
+    return said
+
+
+def kept_routing(xs, router_w, top_k, e_local, capacity_factor):
+    """sends[r][s]: how many kept (token, choice) pairs rank r sends to rank s."""
+    sends = []
+    for x in xs:
+        experts = (x.double() @ router_w.double()).topk(top_k, dim=-1).indices
+        kept = experts[kept_pairs(x, router_w, top_k, capacity_factor)]
+        sends.append(torch.bincount(kept // e_local, minlength=len(xs)).tolist())
+    return sends
+
+
+@given(capacity_cases(factors=CAPACITY_FACTORS + (None,)))
+def test_capacity_drops_the_overflow(target, case):
+    tensors = layer(case)
+    xs, router_w = tensors[0], tensors[1]
+    assume(no_near_ties(xs, router_w, case["top_k"], ordered=True))
+    values, _ = run(target, case, tensors)
+    want = expected(*tensors, case["top_k"], case["capacity_factor"])[0]
+    check_outputs(values, case, want, truth=[f"single-device MoE; {d}; a dropped pair adds 0 to its token's output"
+                                             for d in drops(case, xs, router_w)])
+
+
+@given(capacity_cases(factors=CAPACITY_FACTORS + (None,), stats=True))
+def test_dropped_count_is_reported(target, case):
+    tensors = layer(case)
+    xs, router_w = tensors[0], tensors[1]
+    assume(no_near_ties(xs, router_w, case["top_k"]))
+    values, _ = run(target, case, tensors)
+    _, dropped = expected_stats(xs, router_w, case["top_k"], case["capacity_factor"])
+    for rank, (want, said) in enumerate(zip(dropped, drops(case, xs, router_w))):
+        got = values[rank]["dropped"]
+        harness.check(got == want, f"{describe(case)}: reported dropped = {got}; this rank's tokens drop {want} "
+                      f"(token, choice) pairs ({said})", rank=rank)
+
+
+@given(capacity_cases(factors="large", stats=True))
+def test_large_capacity_is_the_old_layer(target, case):
+    tensors = layer(case)
+    xs, router_w = tensors[0], tensors[1]
+    assume(no_near_ties(xs, router_w, case["top_k"]))
+    values, trace = run(target, case, tensors)
+    check_outputs(values, case, expected(*tensors, case["top_k"])[0],
+                  truth=["single-device MoE, nothing dropped: an expert gets at most one pair per token, and "
+                         "capacity >= T_r"] * case["world_size"])
+    k, d, size = case["top_k"], case["dim"], case["dtype"].itemsize
+    for rank in range(case["world_size"]):
+        harness.check(values[rank]["dropped"] == 0, f"{describe(case)}: reported dropped = {values[rank]['dropped']}; "
+                      f"capacity_factor >= E / top_k gives every expert T_r slots: nothing drops", rank=rank)
+        ops = trace.ops(rank, "all_to_all", phase="forward")
+        tokens = case["tokens"][rank]
+        harness.check(len(ops) == 3 and ops[1].in_bytes == tokens * k * d * size,
+                      f"{describe(case)}: forward issued {len(ops)} all_to_all, the 2nd (the dispatch) sending "
+                      f"{ops[1].in_bytes if len(ops) > 1 else '-'} bytes; without drops it is the layer of Part 1: 3 "
+                      f"all_to_all, the dispatch T_r x top_k x d x element size = {tokens * k * d * size}", rank=rank)
+
+
+@hs.fewer_examples(0.5)
+@given(capacity_cases(dtypes=(torch.float32, torch.float64)))
+def test_dispatch_shrinks_to_the_capacity(target, case):
+    tensors = layer(case)
+    xs, router_w = tensors[0], tensors[1]
+    assume(no_near_ties(xs, router_w, case["top_k"]))
+    _, trace = run(target, case, tensors, backward=True)
+    n, k, d, size, e = case["world_size"], case["top_k"], case["dim"], case["dtype"].itemsize, case["e_local"]
+    sends = kept_routing(xs, router_w, k, e, case["capacity_factor"])
+    for rank, said in enumerate(drops(case, xs, router_w)):
+        ops = trace.ops(rank, phase="forward")
+        harness.check(len(ops) == 3 and all(op.kind == "all_to_all" for op in ops),
+                      f"{describe(case)}: forward issued {len(ops)} ops ({'; '.join(op.describe() for op in ops)}); "
+                      "dropping needs no exchange of its own: exactly 3 all_to_all", rank=rank)
+        dispatch, combine = ops[1], ops[2]
+        kept = sum(sends[rank])
+        slots = capacity(case["tokens"][rank], k, n * e, case["capacity_factor"])
+        harness.check(dispatch.in_bytes == kept * d * size,
+                      f"{describe(case)}: the dispatch ({dispatch.site}) sent {dispatch.in_bytes} bytes; only the "
+                      f"{kept} kept pairs travel ({said}): {kept} x d x element size = {kept * d * size}, at most "
+                      f"{slots} x E_local rows to each rank", rank=rank)
+        receives = [sends[src][rank] for src in range(n)]
+        for op, name, want in ((dispatch, "dispatch", (receives, sends[rank])),
+                               (combine, "combine", (sends[rank], receives))):
+            harness.check(op.splits is not None and [list(s) for s in op.splits] == [list(w) for w in want],
+                          f"{describe(case)}: the {name} all_to_all ({op.site}) used (output_split_sizes, "
+                          f"input_split_sizes) = {op.splits}; the kept pairs go {sends[rank]} to ranks 0..{n - 1} "
+                          f"and {receives} come from them, so expected {want}", rank=rank)
+        check_backward_mirrors(trace, case, rank)
+
+
+@hs.fewer_examples(0.5)
+@given(capacity_cases())
+def test_gradients_with_dropping(target, case):
+    tensors = layer(case)
+    assume(no_near_ties(tensors[0], tensors[1], case["top_k"], ordered=True))
+    values, _ = run(target, case, tensors, backward=True)
+    check_gradients(values, case, expected(*tensors, case["top_k"], case["capacity_factor"]))
+
+
+# ---- Part 4: the load-balancing loss -----------------------------------------------------------
+
+AUX = ("aux_loss = E * sum_e f_e * P_e over every rank's tokens (f_e: the fraction of all (token, choice) pairs "
+       "that chose e, dropped ones included; P_e: the mean of softmax(x @ router_w)[e] over all tokens)")
+
+
+def check_aux(values, case, want, members=None):
+    for rank in members or range(case["world_size"]):
+        harness.assert_close(values[rank]["aux"], want.to(case["dtype"]), f"{describe(case, members)}: {AUX}, the "
+                             "same on every rank", rank=rank, **F64)
+
+
+@given(capacity_cases(factors=(None, 0.5, 1.0), stats=True))
+def test_aux_loss_matches_single_device(target, case):
+    tensors = layer(case)
+    assume(no_near_ties(tensors[0], tensors[1], case["top_k"]))
+    values, _ = run(target, case, tensors)
+    check_aux(values, case, expected_stats(tensors[0], tensors[1], case["top_k"])[0])
+
+
+@hs.fewer_examples(0.5)
+@given(capacity_cases(factors=(None, 0.5, 1.0), stats=True))
+def test_aux_loss_gradient(target, case):
+    xs, router_w, w1, w2, dys = layer(case)
+    assume(no_near_ties(xs, router_w, case["top_k"]))
+    dys = [torch.zeros_like(dy) for dy in dys]      # the output's gradient is 0: what reaches router_w and x is aux's
+    values, _ = run(target, case, (xs, router_w, w1, w2, dys), backward=True, aux_coef=1.0)
+    check_gradients(values, case, expected(xs, router_w, w1, w2, dys, case["top_k"], case["capacity_factor"],
+                                           aux_coef=1.0), loss="aux_loss")
+
+
+@hs.fewer_examples(0.5)
+@given(capacity_cases(factors=(None, 0.5, 1.0), stats=True))
+def test_aux_loss_costs_one_small_all_reduce(target, case):
+    _, trace = run(target, case, layer(case), backward=True, aux_coef=1.0)
+    n_experts = case["world_size"] * case["e_local"]
+    most = (2 * n_experts + 1) * 8
+    for rank in range(case["world_size"]):
+        ops = trace.ops(rank, phase="forward")
+        extra = [op for op in ops if op.kind != "all_to_all"]
+        harness.check(len(ops) - len(extra) == 3 and len(extra) <= 1
+                      and all(op.kind == "all_reduce" and op.in_bytes <= most for op in extra),
+                      f"{describe(case)}: forward issued {'; '.join(op.describe() for op in ops)}; expected the 3 "
+                      f"all_to_all and at most one all_reduce of the routing statistics (at most 2E + 1 = "
+                      f"{2 * n_experts + 1} numbers, {most} bytes)", rank=rank)
+        check_backward_mirrors(trace, case, rank)
+
+
+@hs.fewer_examples(0.5)
+@given(capacity_cases(factors=CAPACITY_FACTORS + (None,), stats=True, empty=True))
+def test_ranks_without_tokens_with_capacity_and_aux(target, case):
+    tensors = layer(case)
+    xs, router_w = tensors[0], tensors[1]
+    assume(no_near_ties(xs, router_w, case["top_k"], ordered=True))
+    empty = [r for r, t in enumerate(case["tokens"]) if t == 0]
+    try:
+        values, _ = run(target, case, tensors, backward=True, aux_coef=1.0)
+    except harness.PropertyFailed as e:
+        raise harness.PropertyFailed(f"ranks {empty} hold no tokens, which must work: {e}") from None
+    aux, dropped = expected_stats(xs, router_w, case["top_k"], case["capacity_factor"])
+    check_outputs(values, case, expected(*tensors, case["top_k"], case["capacity_factor"])[0],
+                  truth=[f"single-device MoE; {d}" for d in drops(case, xs, router_w)])
+    for rank in range(case["world_size"]):
+        harness.check(values[rank]["dropped"] == dropped[rank], f"{describe(case)}: reported dropped = "
+                      f"{values[rank]['dropped']}, expected {dropped[rank]}", rank=rank)
+    where = "no rank holds a token: aux_loss is 0" if not any(case["tokens"]) else f"ranks {empty} hold no tokens"
+    harness.check(all(bool(torch.isfinite(values[r]["aux"]).all()) for r in range(case["world_size"])),
+                  f"{describe(case)}: aux_loss is {[values[r]['aux'] for r in range(case['world_size'])]} by rank; "
+                  f"{where}")
+    check_aux(values, case, aux)
+    check_gradients(values, case, expected(*tensors, case["top_k"], case["capacity_factor"], aux_coef=1.0),
+                    loss="sum(y * dy) + aux_loss")
