@@ -7,6 +7,12 @@
     testkit.siblings     import_siblings, import_oracles: a problem's own helper modules (beside its tests, or its
                          oracles under tests/oracles/), by name, here and on the ranks
     testkit.overlap      check_receives_overlap_compute: each receive waited on only after compute ran
+    testkit.resident     resident_growth: what a call left alive, from the kernel's count of the rank's memory
+    testkit.cost         record: a test's cost figures (the model's value, yours) for the judge's cost table
+    testkit.schedule_strategies, testkit.pipelines, testkit.schedule_drawing, testkit.pipeline_runs
+                         pipeline schedules (118, 122, 130): strategies, replaying a schedule against its rules,
+                         drawing it, running it on real ranks against single-process training
+    testkit.attention_shards   forward_backward, chunk_of: attention on sequence shards (119, 128)
 
 This is the layer between the engine and the problems: it imports only the engine's
 public API (``harness.<name>``, the names ``harness/__init__.py`` exports), never one of

@@ -9,12 +9,14 @@ import math
 
 import torch
 from hypothesis import given, strategies as st
-from torch import nn
 
 import harness
-from testkit import strategies as hs
+from testkit import schedule_drawing, strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 from testkit.models import mse, random_mlp
+from testkit.pipeline_runs import check_message, full_batch_step
+from testkit.pipelines import check_deadlock, check_timeline, close, finished, plain_events, replay, simulated
+from testkit.schedule_strategies import durations, in_groups, schedules_that_finish, sizes
 
 # this folder's own helper, pipeline_grid.py (conftest.py makes it importable by name)
 from pipeline_grid import render_grid
@@ -51,16 +53,7 @@ def dependencies(stage, op, p):
 
 def stuck_ops(schedule):
     """Replay the rules without times; the next op of every stage that can never run (empty: feasible)."""
-    p, done, nxt = len(schedule), set(), [0] * len(schedule)
-    progress = True
-    while progress:
-        progress = False
-        for s, ops in enumerate(schedule):
-            while nxt[s] < len(ops) and all((d, o) in done for d, o, _ in dependencies(s, ops[nxt[s]], p)):
-                done.add((s, ops[nxt[s]]))
-                nxt[s] += 1
-                progress = True
-    return [(s, ops[nxt[s]]) for s, ops in enumerate(schedule) if nxt[s] < len(ops)]
+    return replay(schedule, dependencies)[1]
 
 
 def grids(got, want=None) -> str:
@@ -78,24 +71,7 @@ def feasible_schedules(draw, p=None, m=None):
     """
     p = p or draw(st.integers(1, 5))
     m = m or draw(st.integers(1, 8))
-    b_order = draw(st.permutations(range(m)))
-    schedule, done = [[] for _ in range(p)], set()
-    nf, nb = [0] * p, [0] * p
-    while any(nb[s] < m for s in range(p)):
-        enabled = []
-        for s in range(p):
-            if nf[s] < m and all((d, o) in done for d, o, _ in dependencies(s, ("F", nf[s]), p)):
-                enabled.append((s, ("F", nf[s])))
-            if nb[s] < m and all((d, o) in done for d, o, _ in dependencies(s, ("B", b_order[nb[s]]), p)):
-                enabled.append((s, ("B", b_order[nb[s]])))
-        s, op = enabled[draw(st.integers(0, len(enabled) - 1))]
-        schedule[s].append(op)
-        done.add((s, op))
-        if op[0] == "F":
-            nf[s] += 1
-        else:
-            nb[s] += 1
-    return schedule
+    return draw(schedules_that_finish(dependencies, p, m))
 
 
 @st.composite
@@ -104,15 +80,6 @@ def shuffled_schedules(draw):
     p, m = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     ops = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     return [list(draw(st.permutations(ops))) for _ in range(p)]
-
-
-def sizes():
-    return st.tuples(st.integers(1, 6), st.integers(1, 10))
-
-
-def durations():
-    """0.25 .. 10 in quarters: exact in binary, so every expected time is exact too."""
-    return st.integers(1, 40).map(lambda k: k / 4)
 
 
 # ---- the pure functions, each run on one rank --------------------------------------------------------
@@ -132,35 +99,18 @@ def _drawing_views(target, p, m):
     out = {"1f1b": _plain(mod.schedule_1f1b(p, m))}
     try:
         result = mod.simulate(out["1f1b"], 1.0, 2.0, 0.0)
-        out["timeline"] = [[((str(op[0]), int(op[1])), float(a), float(b)) for op, a, b in stage]
-                           for stage in result.events]
+        out["timeline"] = plain_events(result.events)
     except Exception as e:  # noqa: BLE001 -- the simulate tests judge it; the drawing just says so
         out["timeline"] = f"simulate raised {type(e).__name__}: {e}"
     return out
 
 
-def _simulate(target, schedule, t_fwd, t_bwd, t_comm):
-    mod = target.load()
-    try:
-        result = mod.simulate(schedule, t_fwd, t_bwd, t_comm)
-    except Exception as e:  # noqa: BLE001 -- only ScheduleDeadlock is reported as data; the rest re-raises
-        if isinstance(mod.ScheduleDeadlock, type) and isinstance(e, mod.ScheduleDeadlock):
-            return {"deadlock": str(e)}
-        raise
-    return {"makespan": float(result.makespan), "bubble_ratio": float(result.bubble_ratio),
-            "events": [[((str(op[0]), int(op[1])), float(a), float(b)) for op, a, b in stage]
-                       for stage in result.events],
-            "peak_activations": [int(k) for k in result.peak_activations]}
-
-
 def simulate(target, schedule, t_fwd=1.0, t_bwd=2.0, t_comm=0.0):
-    return harness.run(_simulate, 1, target, schedule, t_fwd, t_bwd, t_comm).values[0]
+    return simulated(target, schedule, t_fwd, t_bwd, t_comm)
 
 
 def _feasible_result(out, call):
-    harness.check("deadlock" not in out, f"{call} raised ScheduleDeadlock({out.get('deadlock')!r}), but the "
-                                         "schedule is feasible")
-    return out
+    return finished(out, call, "the schedule is feasible")
 
 
 EXAMPLES = [
@@ -182,11 +132,8 @@ def drawing(p, m, views) -> str:
 
 def record_drawing(target, record_property, p=3, m=4):
     """judge.py --show prints this; whatever the learner's code does here, the score does not depend on it."""
-    try:
-        text = drawing(p, m, harness.run(_drawing_views, 1, target, p, m).values[0])
-    except (harness.HarnessError, harness.HangStopped, harness.NotImplementedYet) as e:
-        text = f"(no drawing: {str(e).splitlines()[0]})"
-    record_property("drawing", text)
+    schedule_drawing.record_drawing(record_property,
+                                    lambda: drawing(p, m, harness.run(_drawing_views, 1, target, p, m).values[0]))
 
 
 def test_schedule_examples(target, record_property):
@@ -235,37 +182,13 @@ def test_gpipe_is_all_forwards_then_all_backwards(target, pm):
                                f"backward in reverse micro-batch order:{grids(got, want)}")
 
 
-def _close(a, b):
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-
-
 @given(feasible_schedules(), durations(), durations(), st.sampled_from([0.0, 0.5, 2.0]))
 def test_simulate_follows_the_dependencies(target, schedule, t_fwd, t_bwd, t_comm):
     call = f"simulate(schedule, t_fwd={t_fwd:g}, t_bwd={t_bwd:g}, t_comm={t_comm:g})"
     out = _feasible_result(simulate(target, schedule, t_fwd, t_bwd, t_comm), call)
-    p, events = len(schedule), out["events"]
-    here = f"{call}, schedule:{grids(schedule)}\nyour timeline:{grids(events)}"
-    harness.check(len(events) == p and all([e[0] for e in events[s]] == schedule[s] for s in range(p)),
-                  f"{here}\n.events must list, per stage, (op, start, end) for the ops in list order")
-    end = {(s, op): b for s in range(p) for op, _, b in events[s]}
-    busy = 0.0
-    for s in range(p):
-        free = 0.0
-        for op, start, stop in events[s]:
-            ready = max([free] + [end[(d, o)] + (t_comm if link else 0.0) for d, o, link in dependencies(s, op, p)])
-            harness.check(_close(start, ready),
-                          f"{here}\nstage {s}: {op} starts at {start:g}; the stage is free and its dependencies "
-                          f"(+ t_comm across a link) are done at {ready:g}, so it must start exactly then")
-            length = t_fwd if op[0] == "F" else t_bwd
-            harness.check(_close(stop - start, length), f"{here}\nstage {s}: {op} lasts {stop - start:g}, "
-                                                        f"expected {length:g}")
-            free, busy = stop, busy + stop - start
-    makespan = max(b for stage in events for _, _, b in stage)
-    harness.check(_close(out["makespan"], makespan), f"{here}\nmakespan is {out['makespan']:g}; the last op ends "
-                                                     f"at {makespan:g}")
-    bubble = (p * makespan - busy) / (p * makespan)
-    harness.check(_close(out["bubble_ratio"], bubble), f"{here}\nbubble_ratio is {out['bubble_ratio']:g}; idle / "
-                                                       f"(stages x makespan) = {bubble:g}")
+    here = f"{call}, schedule:{grids(schedule)}\nyour timeline:{grids(out['events'])}"
+    check_timeline(out, schedule, dependencies, {"F": t_fwd, "B": t_bwd}, t_comm, here, "the ops",
+                   "its dependencies (+ t_comm across a link) are done at {ready:g}, so it must start exactly then")
 
 
 @given(sizes(), durations())
@@ -275,9 +198,9 @@ def test_makespan_and_bubble_formula(target, pm, t_fwd):
         call = f"simulate({name} with p={p}, m={m}, t_fwd={t_fwd:g}, t_bwd={2 * t_fwd:g}, t_comm=0)"
         out = _feasible_result(simulate(target, schedule, t_fwd, 2 * t_fwd, 0.0), call)
         want = (m + p - 1) * 3 * t_fwd
-        harness.check(_close(out["makespan"], want), f"{call}: makespan {out['makespan']:g}, expected "
-                                                     f"(m + p - 1)(t_fwd + t_bwd) = {want:g}:{grids(out['events'])}")
-        harness.check(_close(out["bubble_ratio"], (p - 1) / (m + p - 1)),
+        harness.check(close(out["makespan"], want), f"{call}: makespan {out['makespan']:g}, expected "
+                                                    f"(m + p - 1)(t_fwd + t_bwd) = {want:g}:{grids(out['events'])}")
+        harness.check(close(out["bubble_ratio"], (p - 1) / (m + p - 1)),
                       f"{call}: bubble_ratio {out['bubble_ratio']:g}, expected (p - 1)/(m + p - 1) = "
                       f"{(p - 1) / (m + p - 1):g}")
 
@@ -302,18 +225,9 @@ def test_peak_activations(target, pm, data):
 
 @given(st.one_of(shuffled_schedules(), feasible_schedules()), durations())
 def test_deadlocks_are_detected(target, schedule, t_fwd):
-    out = simulate(target, schedule, t_fwd, 2 * t_fwd)
-    stuck = stuck_ops(schedule)
-    if not stuck:
-        _feasible_result(out, "simulate")
-        return
-    named = [f"stage {s}: {op!r}" for s, op in stuck]
-    harness.check("deadlock" in out, f"simulate returned makespan {out.get('makespan')} for a schedule that "
-                                     f"deadlocks ({', '.join(named)} can never run); it must raise "
-                                     f"ScheduleDeadlock:{grids(schedule)}")
-    harness.check(any(n in out["deadlock"] for n in named),
-                  f"ScheduleDeadlock({out['deadlock']!r}) must name a stuck op as 'stage s: (kind, i)', one of: "
-                  f"{', '.join(named)}:{grids(schedule)}")
+    check_deadlock(simulate(target, schedule, t_fwd, 2 * t_fwd), schedule, dependencies,
+                   "the schedule is feasible", grids(schedule), "deadlocks ({named} can never run)",
+                   "'stage s: (kind, i)'")
 
 
 # ---- run_pipeline on real ranks -------------------------------------------------------------------
@@ -397,13 +311,7 @@ def run_on_ranks(target, case, world=None, pp_size=None):
 def expected_pipeline(case, index=0):
     """Single-process full-batch training step: every stage in sequence, the mean loss, one backward."""
     stages = [build_stage(case, s, index) for s in range(case["p"])]
-    for stage in stages:
-        for param, g in zip(stage.parameters(), grads_before(case, stage)):
-            param.grad = g
-    xs, ys = micro_batches(case, index)
-    loss = mse(nn.Sequential(*stages)(torch.cat(xs)), torch.cat(ys))
-    loss.backward()
-    return loss.item(), [[q.grad for q in stage.parameters()] for stage in stages]
+    return full_batch_step(stages, lambda stage: grads_before(case, stage), *micro_batches(case, index))
 
 
 def _describe(case) -> str:
@@ -474,12 +382,7 @@ def test_trace_follows_the_op_list(target, case):
                           f"{'to' if op.kind == 'send' else 'from'} rank {op.peer} ({op.site}); its op list "
                           f"[{ops}] says {owner} comes next, which {kind}s {'to' if kind == 'send' else 'from'} "
                           f"rank {peer}: run the ops in the order given", rank=s)
-            harness.check([tuple(x) for x in op.shapes] == [act],
-                          f"{_describe(case)}: {op.describe()} carries shape {op.shapes}; activations and their "
-                          f"gradients are act_shape = {list(act)}", rank=s)
-            harness.check(not (op.kind == "send" and op.blocking),
-                          f"{_describe(case)}: {op.describe()} blocked until the peer received it (dist.send); "
-                          "post sends with dist.isend and wait for them later, or 1F1B deadlocks", rank=s)
+            check_message(op, act, _describe(case), s, "1F1B")
         harness.check(len(got) == len(want), f"{_describe(case)}: stage {s} issued {len(got)} point-to-point ops; "
                                              f"its op list [{ops}] needs {len(want)}", rank=s)
 
@@ -505,14 +408,8 @@ def test_no_deadlock(target):
             run_on_ranks(target, case)
 
 
-@st.composite
-def grouped_cases(draw):
-    world, pp = draw(st.sampled_from([(4, 2), (2, 1), (4, 1)]))
-    return world, pp, draw(pipeline_cases(p=pp))
-
-
 @hs.fewer_examples(0.3)
-@given(grouped_cases())
+@given(in_groups(pipeline_cases))
 def test_pipeline_inside_a_group(target, drawn):
     world, pp, case = drawn
     values, trace = run_on_ranks(target, case, world, pp)

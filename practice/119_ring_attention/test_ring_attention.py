@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 
 import harness
 from testkit import strategies as hs
+from testkit.attention_shards import chunk_of, forward_backward
 from testkit.groups import member_group
 from testkit.overlap import check_receives_overlap_compute
 
@@ -34,13 +35,6 @@ def sequence(case, members=None):
     return [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(4)]
 
 
-def chunk_of(t, index, ring_size):
-    """Chunk ``index`` of the sequence dimension: what the rank at that ring position holds.
-
-    A copy, never a view: a pickled view carries its whole storage, which would hand a rank the whole sequence."""
-    return t.tensor_split(ring_size, dim=2)[index].clone(memory_format=torch.contiguous_format)
-
-
 def rank_inputs(case, tensors, backward=False, members=None):
     """What each rank receives: its own chunks of q, k, v (and of dout, for backward); None outside the ring.
 
@@ -61,16 +55,10 @@ def _attend(target, mine, causal, group_ranks=None):
     with member_group(group_ranks) as (group, members, index):
         if index is None:
             return None
-        backward = mine["dout"] is not None
-        q, k, v = (t.requires_grad_(backward) for t in mine["qkv"])
-        with harness.phase("forward"):
-            out = target.load().ring_attention(q, k, v, causal=causal, group=group)
-        result = {"out": out.detach() if isinstance(out, torch.Tensor) else out}
-        if backward:
-            with harness.phase("backward"):
-                out.backward(mine["dout"])
-            result["grads"] = [q.grad, k.grad, v.grad]
-        return result
+
+        def attend(q, k, v):
+            return target.load().ring_attention(q, k, v, causal=causal, group=group)
+        return forward_backward(mine, attend)
 
 
 def run(target, case, tensors, backward=False, members=None, **options):

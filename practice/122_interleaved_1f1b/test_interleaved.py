@@ -9,20 +9,23 @@ around each chunk forward (``ActivationWatch``).  Each rank receives only its ow
 """
 import contextlib
 import gc
-import math
 from fractions import Fraction
 
 import torch
 from hypothesis import given, strategies as st
-from torch import nn
 
 import harness
 from testkit import strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 from testkit.models import mse, random_mlp
+from testkit.pipeline_runs import (against_the_truth, check_loss, full_batch_step, listed, run_pipelines,
+                                   stage_widths)
+from testkit.pipelines import close
+from testkit.schedule_drawing import record_drawing
+from testkit.schedule_strategies import durations, in_groups
 
 # this folder's own helper (conftest.py makes it importable by name)
-from virtual_stages import canonical, needs, peak_in_flight, render, replay, timeline, warmup
+from virtual_stages import both, canonical, needs, peak_in_flight, render, replay, timeline, warmup
 
 torch.set_num_threads(1)   # the expected values are tiny: one thread is fastest beside the ranks
 
@@ -38,11 +41,6 @@ def pmv(draw, max_p=5, max_v=4, max_groups=3):
     p = draw(st.one_of(st.integers(3, max_p), st.integers(1, max_p)))
     v = draw(st.one_of(st.integers(2, max_v), st.integers(1, max_v)))
     return p, p * draw(st.integers(1, max_groups)), v
-
-
-def durations():
-    """0.25 .. 10 in quarters: exact in binary."""
-    return st.integers(1, 40).map(lambda k: k / 4)
 
 
 @st.composite
@@ -124,14 +122,6 @@ def feasible(out, call, schedule):
     return out
 
 
-def close(a, b):
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-
-
-def both(got, want):
-    return f"\nyours:\n{render(got)}\nexpected:\n{render(want)}"
-
-
 # ---- the statement's examples (and the drawing judge.py --show prints) -----------------------------------
 
 EXAMPLE = [
@@ -157,10 +147,7 @@ def _drawing(target):
 
 def test_statement_examples(target, record_property):
     """The statement's worked examples, exactly."""
-    try:
-        record_property("drawing", harness.run(_drawing, 1, target).values[0])
-    except (harness.HarnessError, harness.HangStopped, harness.NotImplementedYet) as e:
-        record_property("drawing", f"(no drawing: {str(e).splitlines()[0]})")
+    record_drawing(record_property, lambda: harness.run(_drawing, 1, target).values[0])
     got = schedule_of(target, 2, 4, 2)
     harness.check(got == EXAMPLE, f"interleaved_schedule(2, 4, 2) differs from the statement's example:"
                                   f"{both(got, EXAMPLE)}")
@@ -362,8 +349,7 @@ def run_cases(draw, p=None):
 
 def chunk_widths(case, s):
     """Virtual stage s is Linear, Tanh, Linear: d_in -> h -> d on stage 0, d -> h -> d, ..., d -> h -> d_out."""
-    d_in, d, h, d_out = case["widths"]
-    return [d_in if s == 0 else d, h, d_out if s == case["p"] * case["v"] - 1 else d]
+    return stage_widths(case["widths"], s, case["p"] * case["v"] - 1)
 
 
 def chunk_module(case, s, pipeline=0):
@@ -382,10 +368,6 @@ def old_grads(case, module):
     gen = torch.Generator().manual_seed(case["seed"] + 5)
     return [torch.randn(q.shape, generator=gen, dtype=q.dtype) if case["grads_before"] else None
             for q in module.parameters()]
-
-
-def listed(tensor):
-    return None if tensor is None else tensor.tolist()
 
 
 def rank_inputs(case, where):
@@ -470,22 +452,13 @@ def _interleaved(target, mine, act_shape, pp):
 
 def run_on_ranks(target, case, world=None, pp=None):
     """One pipeline of p ranks; or, with ``pp``, ``world`` ranks as pipelines of pp consecutive ranks."""
-    world = world or case["p"]
-    where = positions(world, pp) if pp else {g: (0, g) for g in range(world)}
-    act_shape = (case["rows"], case["widths"][1])
-    return harness.run(_interleaved, world, target, rank_inputs(case, where), act_shape, pp, reuse=True)
+    return run_pipelines(_interleaved, target, case, rank_inputs, world, pp)
 
 
 def single_process(case, pipeline=0):
     """Every virtual stage in sequence on the whole batch, the mean loss, one backward: (loss, grads per stage)."""
     stages = [chunk_module(case, s, pipeline) for s in range(case["p"] * case["v"])]
-    for stage in stages:
-        for q, g in zip(stage.parameters(), old_grads(case, stage)):
-            q.grad = g
-    xs, ys = zip(*data(case, pipeline))
-    loss = mse(nn.Sequential(*stages)(torch.cat(xs)), torch.cat(ys))
-    loss.backward()
-    return loss.item(), [[q.grad for q in stage.parameters()] for stage in stages]
+    return full_batch_step(stages, lambda stage: old_grads(case, stage), *zip(*data(case, pipeline)))
 
 
 def describe(case):
@@ -496,10 +469,7 @@ def describe(case):
 
 
 def check_training(case, values, where):
-    expected = {}
-    for g, out in enumerate(values):
-        pipeline, r = where[g]
-        loss, grads = expected.setdefault(pipeline, single_process(case, pipeline))
+    for g, out, r, (loss, grads) in against_the_truth(values, where, lambda pipeline: single_process(case, pipeline)):
         for c in range(case["v"]):
             s = r + c * case["p"]
             names = [n for n, _ in chunk_module(case, s).named_parameters()]
@@ -507,19 +477,14 @@ def check_training(case, values, where):
                 harness.assert_close(got, want, f"{describe(case)}: gradient of chunk {c} (virtual stage {s})'s "
                                      f"{name}" + (" (added to the .grad already there)" if case["grads_before"]
                                                   else ""), rank=g)
-        got, want = out["loss"], loss if r == case["p"] - 1 else None
-        right = got is None if want is None else (isinstance(got, (int, float)) and
-                                                  math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12))
-        harness.check(right, f"{describe(case)}: rank {r} returned {got!r}, expected {want!r}: rank p - 1 returns the "
-                             "full-batch loss (the sum over micro-batches of loss_fn(out, target) / m), the others "
-                             "None", rank=g)
+        check_loss(out["loss"], loss, r == case["p"] - 1, describe(case), g, f"rank {r}", "rank p - 1")
 
 
 @hs.fewer_examples(0.6)
 @given(run_cases())
 def test_run_matches_single_process(target, case):
     """The real run's loss and every chunk's gradients equal single-process training on the whole batch."""
-    check_training(case, run_on_ranks(target, case).values, {g: (0, g) for g in range(case["p"])})
+    check_training(case, run_on_ranks(target, case).values, positions(case["p"], case["p"]))
 
 
 def in_flight(ops, k):
@@ -608,18 +573,12 @@ def test_no_deadlock(target):
                                   seed=100 * p + 10 * v + m, grads_before=False))
 
 
-def in_groups():
-    """((world, pp), case): pipelines of pp consecutive ranks in a world of 2 or 4."""
-    layouts = st.sampled_from([(4, 2), (2, 1), (4, 1)])
-    return layouts.flatmap(lambda layout: st.tuples(st.just(layout), run_cases(p=layout[1])))
-
-
 @hs.fewer_examples(0.3)
-@given(in_groups())
+@given(in_groups(run_cases))
 def test_runs_inside_a_group(target, drawn):
     """Pipelines of pp consecutive ranks in a larger world: each talks only to its own neighbours (group ranks
     are not global ranks) and trains correctly."""
-    (world, pp), case = drawn
+    world, pp, case = drawn
     where = positions(world, pp)
     values, trace = run_on_ranks(target, case, world, pp)
     for g, (pipeline, r) in where.items():

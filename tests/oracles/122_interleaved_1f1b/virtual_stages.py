@@ -6,12 +6,15 @@ An op is ``(kind, micro-batch, chunk)``; chunk c of rank r is virtual stage ``r 
     replay(schedule, p, v)    the ops in an order that respects ``needs``, and the ops that can never run
     timeline(...)             (makespan, per rank [(op, start, end)]) by the statement's rules, in fractions
     canonical(p, m, v)        the statement's order (Megatron-LM's interleaved 1F1B; 118's 1F1B when v = 1)
-    render(rows)              one text line per rank: op lists, or timelines on a time axis; never raises
+    render(rows, unit=None)   one text line per rank: op lists, or timelines on a time axis; never raises
+    both(got, want)           the learner's op lists (or timeline) and the expected ones, one under the other
 """
 from __future__ import annotations
 
 from fractions import Fraction
 from itertools import accumulate
+
+from testkit.schedule_drawing import ScheduleText
 
 
 def place(s: int, p: int) -> tuple:
@@ -94,32 +97,9 @@ def peak_in_flight(ops) -> int:
     return max(accumulate((1 if op[0] == "F" else -1 for op in ops), initial=0))
 
 
-def render(rows, unit=None) -> str:
-    """One line per rank.  Op lists as they are; (op, start, end) rows on a time axis, one cell per ``unit``
-    (the shortest op by default), '.' where the rank idles.  Anything else comes out as its repr."""
-    try:
-        timed = any(rows) and all(len(e) == 3 and not isinstance(e[0], str) for row in rows for e in row)
-        lines = _on_time_axis(rows, unit) if timed else [" ".join(map(_label, row)) for row in rows]
-        return "\n".join(f"rank {r} | {line}".rstrip() for r, line in enumerate(lines))
-    except Exception:  # noqa: BLE001 -- a drawing must never take a test down
-        text = repr(rows)
-        return text if len(text) < 400 else text[:397] + "..."
-
-
 def _label(op) -> str:
     return f"{op[0]}{op[1]}.{op[2]}"
 
 
-def _on_time_axis(rows, unit) -> list:
-    unit = unit or min(b - a for row in rows for _, a, b in row if b > a)
-    width = 1 + max(len(_label(op)) for row in rows for op, _, _ in row)
-    lines = []
-    for row in rows:
-        text, cell = "", 0
-        for op, a, b in row:
-            first = max(cell, round(a / unit))
-            text += ".".ljust(width) * (first - cell)
-            cell = max(first + 1, round(b / unit))
-            text += _label(op).ljust(width * (cell - first))
-        lines.append(text)
-    return lines
+_TEXT = ScheduleText("rank", _label)
+render, both = _TEXT.render, _TEXT.both
