@@ -6,7 +6,8 @@
 Adam on a float32 MLP of Phi parameters.  Measured on rank 0: the bytes of parameters,
 gradients and optimizer state it holds after a step (from the tensors themselves), the largest
 number of full parameter bytes held at once during forward and backward (from hooks on the
-units), and the bytes each collective carried (from the harness's trace).
+units: with prefetch, the computing unit's and the next one's), and the bytes each collective
+carried (from the harness's trace), in float32 and with compute_dtype=torch.bfloat16.
 """
 import os
 import sys
@@ -34,10 +35,11 @@ def _full_bytes(units):
     return sum(storages.values())
 
 
-def _measure(target):
+def _measure(target, compute_dtype=None):
     model = random_mlp(WIDTHS, 0, dtype=torch.float32)
     units = list(model)
-    fsdp = target.load().FullyShardedModel(model)
+    options = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
+    fsdp = target.load().FullyShardedModel(model, **options)
     opt = torch.optim.Adam(fsdp.parameters(), lr=1e-3)
     peak = [0]
     for u in units:
@@ -46,7 +48,7 @@ def _measure(target):
     x = torch.randn(8, WIDTHS[0])
     with harness.phase("step"):
         opt.zero_grad()
-        mse(fsdp(x), torch.zeros(8, WIDTHS[-1])).backward()
+        mse(fsdp(x).float(), torch.zeros(8, WIDTHS[-1])).backward()
         opt.step()
     params = list(fsdp.parameters())
     return {"params": sum(p.numel() * p.element_size() for p in params),
@@ -60,21 +62,28 @@ def main():
     target = target_from_command_line(116, __doc__.split("\n")[0])
     model = random_mlp(WIDTHS, 0)
     phi = sum(p.numel() for p in model.parameters())
-    largest = max(sum(p.numel() for p in child.parameters()) for child in model)
-    print(f"Phi = {phi} float32 parameters (largest unit {largest}); bytes on rank 0 (measured / formula)\n")
-    print(f"{'N':>2} | {'params':>15} {'grads':>15} {'adam state':>15} {'peak full':>15} | {'ring wire per step':>19}")
+    sizes = [n for n in (sum(p.numel() for p in child.parameters()) for child in model) if n]
+    pair = max(a + b for a, b in zip(sizes, sizes[1:] + [0]))
+    print(f"Phi = {phi} float32 parameters (largest two adjacent units {pair}); bytes on rank 0 "
+          "(measured / formula)\n")
+    print(f"{'N':>2} {'compute':>8} | {'params':>15} {'grads':>15} {'adam state':>15} {'peak full':>15} | "
+          f"{'ring wire per step':>19}")
     for n in (1, 2, 4):
-        result = harness.run(_measure, n, target, timeout=60)
-        m = result.values[0]
-        formula = {"params": 4 * phi / n, "grads": 4 * phi / n, "optimizer": 8 * phi / n, "peak_full": 4 * largest}
-        wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in result.trace.ops(0, phase="step"))
-        cells = " ".join(f"{m[k]:>7.0f}/{formula[k]:<7.0f}" for k in formula)
-        print(f"{n:>2} | {cells} | {wire:>8.0f}/{3 * (n - 1) / n * 4 * phi:<10.0f}")
-    print("\nformulas (bytes, float32): shards 4Phi/N, their gradients 4Phi/N, Adam's exp_avg + exp_avg_sq 8Phi/N;\n"
-          "at most one unit's full parameters exist at a time (4 x its P, the largest unit at the peak);\n"
-          "per step 2 all_gathers + 1 reduce_scatter per unit: 3(N-1)/N x 4Phi on a ring, 1.5x DDP.\n"
-          "Padding makes the shards ceil(P_u/N) per unit, a little above Phi/N.  With mixed precision the\n"
-          "same count gives ZeRO-3's 16Phi/N: (2 + 2 + 12) bytes per parameter, all divided by N.")
+        for compute, e in ((None, 4), (torch.bfloat16, 2)):
+            result = harness.run(_measure, n, target, compute, timeout=60)
+            m = result.values[0]
+            formula = {"params": 4 * phi / n, "grads": 4 * phi / n, "optimizer": 8 * phi / n,
+                       "peak_full": e * pair}
+            wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in result.trace.ops(0, phase="step"))
+            cells = " ".join(f"{m[k]:>7.0f}/{formula[k]:<7.0f}" for k in formula)
+            name = "float32" if compute is None else "bf16"
+            print(f"{n:>2} {name:>8} | {cells} | {wire:>8.0f}/{(n - 1) / n * (2 * e + 4) * phi:<10.0f}")
+    print("\nformulas (bytes, float32 shards): shards 4Phi/N, their gradients 4Phi/N, Adam's exp_avg + exp_avg_sq\n"
+          "8Phi/N; with prefetch at most two adjacent units' full parameters exist at a time (e_c x their P, the\n"
+          "largest adjacent pair at the peak; e_c = 4 in float32, 2 in bf16); per step 2 all_gathers (e_c bytes\n"
+          "an element) + 1 reduce_scatter (4 bytes) per unit: (N-1)/N x (2e_c + 4) x Phi on a ring: 1.5x DDP in\n"
+          "float32, 1x with bf16 compute.  Padding makes the shards ceil(P_u/N) per unit, a little above Phi/N.\n"
+          "In all, ZeRO-3's 16Phi/N: (4 + 4 + 8) bytes per parameter, all divided by N.")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""Problem 116 reference: ZeRO-3, every unit's parameters held as a flat 1/N shard and gathered only while used."""
+"""Problem 116 reference: ZeRO-3, every unit's parameters held as a flat 1/N shard and gathered only while used.
+
+Each unit's all_gather is issued one unit ahead (prefetch), so it travels while the unit before it computes;
+with ``compute_dtype`` the units compute in that dtype from shards kept in their own (master) dtype.
+"""
 from __future__ import annotations
 
 import math
@@ -26,12 +30,14 @@ class _Unit:
         self.numel = sum(p.numel() for _, p in named)
         self.shard_size = 0
         self.shard = self.full = None
+        self.pending = None                 # (work, input) of an all_gather in flight into ``full``
+        self.prev = self.next = None        # the neighbouring units with parameters, in forward order
 
 
 class FullyShardedModel(nn.Module):
-    def __init__(self, module: nn.Sequential, group=None):
+    def __init__(self, module: nn.Sequential, group=None, compute_dtype=None):
         super().__init__()
-        self.group = group
+        self.group, self.compute_dtype = group, compute_dtype
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self._keys = list(module.state_dict().keys())
         self.shards = nn.ParameterList()
@@ -47,9 +53,11 @@ class FullyShardedModel(nn.Module):
             unit.shard = self.shards[-1]
             self._bind(unit, flat)
             self._free(unit)
-            child.register_forward_pre_hook(lambda m, args, unit=unit: self._gather(unit))
+            child.register_forward_pre_hook(lambda m, args, unit=unit: self._before_forward(unit))
             child.register_forward_hook(lambda m, args, out, unit=unit: self._after_forward(unit, out))
             self._units.append(unit)
+        for before, after in zip(self._units, self._units[1:]):
+            before.next, after.prev = after, before
         self.module = module    # registered after its parameters left: parameters() are the shards only
 
     @staticmethod
@@ -61,18 +69,45 @@ class FullyShardedModel(nn.Module):
         flat[:unit.numel] = torch.cat([t.reshape(-1) for t in tensors])
         return flat
 
-    def _all_gather(self, unit, out):
-        dist.all_gather_into_tensor(out, unit.shard.detach(), group=self.group)
+    def _dtype(self, unit):
+        """What the unit computes in: compute_dtype, else its shard's own dtype."""
+        return self.compute_dtype or unit.shard.dtype
 
-    # ---- forward: gather just before the unit runs, free just after -----------------------------
+    # ---- gathering, one unit ahead ----------------------------------------------------------------
+
+    def _issue_gather(self, unit, out):
+        """Start the all_gather of the shard (cast to the compute dtype: those bytes travel) into ``out``."""
+        shard = unit.shard.detach().to(self._dtype(unit))
+        work = dist.all_gather_into_tensor(out, shard, group=self.group, async_op=True)
+        unit.pending = (work, shard)
+
+    def _wait(self, unit):
+        if unit.pending is not None:
+            unit.pending[0].wait()
+            unit.pending = None
+
+    # ---- forward: the next unit's gather in flight while this one computes; free just after ------
+
+    def _prefetch(self, unit):
+        """Forward: a fresh buffer for the unit, its all_gather issued now."""
+        unit.full = torch.empty(self.world * unit.shard_size, dtype=self._dtype(unit), device=unit.shard.device)
+        self._issue_gather(unit, unit.full)
 
     def _gather(self, unit):
-        full = torch.empty(self.world * unit.shard_size, dtype=unit.shard.dtype, device=unit.shard.device)
-        self._all_gather(unit, full)
+        """Just before the unit runs: its gathered vector (prefetched, or gathered now) becomes a leaf it views."""
+        if unit.pending is None:
+            self._prefetch(unit)
+        self._wait(unit)
+        full = unit.full
         full.requires_grad_(unit.shard.requires_grad)
         if full.requires_grad:
             full.register_post_accumulate_grad_hook(lambda t, unit=unit: self._after_backward(unit))
         self._bind(unit, full)
+
+    def _before_forward(self, unit):
+        self._gather(unit)
+        if unit.next is not None:
+            self._prefetch(unit.next)       # travels while this unit computes
 
     def _bind(self, unit, full):
         """Point the unit's parameter attributes at views of ``full``."""
@@ -91,17 +126,26 @@ class FullyShardedModel(nn.Module):
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda grad, unit=unit: self._before_backward(unit))
 
-    # ---- backward: gather again before the unit's backward, reduce-scatter its gradient after ----
+    # ---- backward: gather again (the previous unit's in flight meanwhile), reduce-scatter after --
 
-    def _before_backward(self, unit):
+    def _refill(self, unit):
+        """Backward: the same buffer's storage back, the all_gather into ``full.data`` issued now (autograd's
+        saved views of ``full`` see the values again once it completes)."""
         full = unit.full
         full.untyped_storage().resize_(full.numel() * full.element_size())
-        self._all_gather(unit, full.data)   # .data: autograd's saved views of ``full`` see the values again
+        self._issue_gather(unit, full.data)
+
+    def _before_backward(self, unit):
+        if unit.pending is None:
+            self._refill(unit)
+        self._wait(unit)
+        if unit.prev is not None:
+            self._refill(unit.prev)         # the next unit of the backward travels while this one computes
 
     def _reduce_gradient(self, unit, full_grad):
-        """This rank's slice of the unit's gradient, averaged over ranks."""
+        """This rank's slice of the unit's gradient, reduced in the shard's dtype, averaged over ranks."""
         grad = torch.empty_like(unit.shard)
-        dist.reduce_scatter_tensor(grad, full_grad, group=self.group)
+        dist.reduce_scatter_tensor(grad, full_grad.to(unit.shard.dtype), group=self.group)
         return grad / self.world
 
     def _after_backward(self, unit):
@@ -111,6 +155,8 @@ class FullyShardedModel(nn.Module):
         self._free(unit)
 
     def forward(self, x):
+        if self.compute_dtype is not None and torch.is_floating_point(x):
+            x = x.to(self.compute_dtype)
         return self.module(x)
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -120,7 +166,7 @@ class FullyShardedModel(nn.Module):
         values = dict(self.module.state_dict())   # buffers, if any (the parameters are not registered any more)
         for unit in self._units:
             full = torch.empty(self.world * unit.shard_size, dtype=unit.shard.dtype, device=unit.shard.device)
-            self._all_gather(unit, full)
+            dist.all_gather_into_tensor(full, unit.shard.detach(), group=self.group)
             offset = 0
             for name, shape in zip(unit.names, unit.shapes):
                 n = math.prod(shape)
