@@ -47,7 +47,7 @@ _EXPORTS = {
     "device": "devices", "Target": "target", "reference_of": "target",
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
-    "live_tensor_bytes": "memory", "hold": "memory", "live_storages": "memory", "saved_for_backward": "memory",
+    "live_tensor_bytes": "memory", "hold": "held", "live_storages": "memory", "saved_for_backward": "memory",
     "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",

@@ -4,7 +4,6 @@
                                               every tensor storage alive in this process, as ``Storages``
     live_tensor_bytes(exclude=())             their total bytes
     saved_for_backward()                      a context manager recording what autograd saves for backward
-    hold(*objects)                            keep them alive past the call's end, till the next call begins
 
 Nothing here asks the code under test where its state lives.  ``live_storages``
 walks every object Python's garbage collector tracks: tensors and Parameters in
@@ -297,19 +296,3 @@ def saved_for_backward():
     with saved_tensors_hooks(record._pack, record._unpack):
         yield record
 
-
-_HELD: list = []
-
-
-def hold(*objects):
-    """Keep ``objects`` alive in this rank past the call's end, until the next call begins: the call's resident
-    memory at its end (``RunResult.memory``, the kernel's count, read by the test process) then includes all
-    they hold, tensors or not.  The next call's own reading starts with them still held."""
-    _HELD.extend(objects)
-
-
-def release_held():
-    """The rank loop, as a call begins: what the last call held goes."""
-    if _HELD:
-        _HELD.clear()
-        _collect()   # what they held may be cycles (an optimizer and its parameters)

@@ -9,7 +9,7 @@ import os
 from .channel import scratch
 from .catalogue import Problem
 from .config import KitConfig
-from .judging import UsageError, judge_once, test_names_in
+from .judging import UsageError, judge_once
 from .report import relative
 from .stubs import is_stub, pristine_stub
 
@@ -96,13 +96,14 @@ def selfcheck_problem(problem: Problem, config: KitConfig, tests_root: str | Non
         path = f"practice/{problem.folder}/{problem.file} ({stub_origin})" if t["id"] == "stub" else relative(t["path"])
         rows.append({"problem": problem.number, "target": t["id"], "ok": ok, "detail": detail, "path": path})
     if tests_root is None:   # the kit's own tests: each must be shown able to fail (hidden tests are the instructor's)
-        rows += _unshown_tests(problem, set(expected.values()))
+        rows += _unshown_tests(problem, verdict, set(expected.values()))
     return rows
 
 
-def _unshown_tests(problem: Problem, named: set) -> list[dict]:
-    """A row for each test that no known-wrong version names in REJECTED_BY: nothing shows it can fail."""
-    tests = sorted(test_names_in(problem.tests_dir()) - named)
+def _unshown_tests(problem: Problem, verdict, named: set) -> list[dict]:
+    """A row for each test that no known-wrong version names in REJECTED_BY: nothing shows it can fail.  The
+    tests are those the reference, the stub and the alternates ran (each runs every test)."""
+    tests = sorted({r.name.split("[")[0] for r in verdict.tests if not (r.target or "").startswith("wrong:")} - named)
     return [{"problem": problem.number, "target": f"test:{name}", "ok": False, "path": f"practice/{problem.folder}",
              "detail": "no known-wrong version names it in REJECTED_BY: nothing shows this test can fail"}
             for name in tests]

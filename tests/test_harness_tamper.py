@@ -474,12 +474,16 @@ def test_replacing_a_piece_of_the_tracer_is_caught(attack, piece):
 
 # ---- the records the op-count check reads are the ones the test process received ------------------
 
-def _streamed_digest(world_size: int, rank: int) -> str:
-    """``ops_digest`` of each op's last streamed form, as the test process received it."""
+def _streamed_digests(world_size: int, rank: int) -> set:
+    """``ops_digest`` of each op's last streamed form, as the test process received it, for each live world of
+    this size (worlds of one size differ by their sandbox, e.g. the memory limit: the last call used one)."""
     from harness import pool
+    return {_streamed_digest(w, rank) for key, w in pool._WORLDS.items() if key[:3] == (world_size, "gloo", None)}
+
+
+def _streamed_digest(world, rank: int) -> str:
     from harness.record.policy import ops_digest
     last = {}
-    world = next(w for key, w in pool._WORLDS.items() if key[:3] == (world_size, "gloo", None))
     for event in world.records[rank].raw_events():
         if event.get("ev") in ("issue", "wait", "done"):
             last[event["i"]] = event["op"]
@@ -495,7 +499,7 @@ def honest_ops_then_the_recorders_digest():
 def test_the_recorders_digest_matches_the_stream_for_honest_code():
     """What lets the test process trust the rank's op-count check: the records it reads are the streamed ones."""
     digests = harness.run(honest_ops_then_the_recorders_digest, 2, timeout=30, probes=[harness.Compute()]).values
-    assert digests == [_streamed_digest(2, rank) for rank in range(2)]
+    assert all(digests[rank] in _streamed_digests(2, rank) for rank in range(2)), digests
 
 
 def make_room_for_an_untraced_op():
@@ -513,7 +517,7 @@ def test_renaming_a_record_to_make_room_for_an_untraced_op_shows_in_the_digest()
         digests = harness.run(make_room_for_an_untraced_op, 2, timeout=30).values
     except harness.TraceTampered:
         return   # the test process compares the digests itself: what this test asks for
-    assert all(digests[rank] != _streamed_digest(2, rank) for rank in range(2))
+    assert all(digests[rank] not in _streamed_digests(2, rank) for rank in range(2))
 
 
 def test_renaming_a_record_to_make_room_for_an_untraced_op_is_caught():

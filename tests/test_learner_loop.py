@@ -37,7 +37,7 @@ def test_pytest_practice_on_a_partly_solved_tree_is_short_and_starts_with_the_re
     text = out.stdout + out.stderr
     lines = text.splitlines()
     assert out.returncode == 1, text
-    assert len(lines) < 60, text
+    assert len(lines) < 25 + 2 * len(catalogue.load()), text   # pytest's header, the failure, a line per problem in the table and per stub
     failures = [i for i, line in enumerate(lines) if line.startswith("✗ ")]
     assert failures and lines[failures[0]] == "✗ 113 test_bucket_contract", text
     collapsed = [i for i, line in enumerate(lines) if re.match(r"1\d\d \w+: .*not implemented yet \(", line)]

@@ -49,7 +49,8 @@ class FileWitness:
         with self.lock:
             self.base[rank] = _rules(self.world_dir, self.setups, rank, text)
             self.supervisors[rank] = Supervisor(fd, self.base[rank])
-        if not self.thread.is_alive():
+        if not self.thread.is_alive():   # not started yet, or it ended while no supervisor was live
+            self.thread = threading.Thread(target=self._serve, name="harness-files", daemon=True)
             self.thread.start()
 
     def reset(self):

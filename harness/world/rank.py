@@ -30,7 +30,7 @@ from ..sandbox import confine, guard_store, hint
 from ..sandbox.notify import hand_over
 from ..devices import device, made_without_a_device_land_on, on_rank_device
 from ..errors import ForbiddenOp, TraceTampered
-from ..memory import release_held
+from ..held import release_held
 from .setup import RankSetup
 from .wire import TOKEN_BYTES, Reply, WireError
 

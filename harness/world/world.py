@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
 import tempfile
 import time
@@ -32,6 +31,7 @@ from .outcomes import Outcomes
 from .records import RecordStream, build_trace, check_record
 from ..sandbox import identity
 from .setup import SandboxSpec, prepare_world
+from .waiting import Waiting
 from .wire import TOKEN_BYTES, Reply, WireError, dump_function, dumps, read_frame
 
 _START_TIMEOUT = 60.0   # per four ranks: on a loaded 2-core machine a world's ranks start one after another
@@ -227,7 +227,7 @@ class World(Outcomes):
     def _collect(self, token: bytes, timeout: float, memory_gb: float, probes) -> tuple:
         """Wait for every rank's reply, reading the record streams as they come and ticking the probes and
         the memory guard.  Returns (replies by rank, the ranks still pending, the injected kill or None)."""
-        call = _Waiting(self, time.monotonic() + timeout)
+        call = Waiting(self, time.monotonic() + timeout)
         last_tick = time.monotonic()
         try:
             while call.pending:
@@ -251,7 +251,7 @@ class World(Outcomes):
             call.watched.close()
         return call.replies, set(call.pending.values()), call.killed
 
-    def _answer(self, call: "_Waiting", obj, token: bytes, probes):
+    def _answer(self, call: Waiting, obj, token: bytes, probes):
         """A rank's reply pipe or its process sentinel is ready: read its reply, or note its death."""
         r = call.sentinels.pop(obj) if obj in call.sentinels else call.pending.get(obj)
         if obj is not self.conns[r]:
@@ -292,24 +292,3 @@ class World(Outcomes):
             raise TraceTampered(f"rank {rank} sent more than one reply")
         return reply
 
-
-class _Waiting:
-    """One call's wait for its ranks: what is still pending, what came back, and the one epoll set that watches
-    every reply pipe, process sentinel and record stream for the whole call (a poll set rebuilt at each
-    wake-up, most of them for one record line, was most of the loop's cost)."""
-
-    def __init__(self, world: World, deadline: float):
-        self.deadline = deadline
-        self.first_error_at = self.killed = None
-        self.replies: dict[int, Reply] = {}
-        self.pending = {c: r for r, c in enumerate(world.conns)}
-        self.sentinels = {p.sentinel: r for r, p in enumerate(world.procs)}
-        self.streams = {stream.reader: stream for stream in world.records}
-        self.watched = selectors.DefaultSelector()
-        for obj in (*self.pending, *self.sentinels, *self.streams):
-            self.watched.register(obj, selectors.EVENT_READ)
-
-    def drain(self, reader):
-        if not self.streams[reader].drain():
-            self.watched.unregister(reader)
-            del self.streams[reader]   # the rank is gone: its pipe is at end of file, always ready
