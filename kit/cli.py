@@ -12,7 +12,7 @@ import sys
 import time
 
 from . import catalogue, report, scaffold, show, stubs
-from .config import LANGS, PROFILES, KitConfig
+from .config import LANGS, PROFILES, KitConfig, language
 from .messages import Message, speaker
 from harness import protections_here
 
@@ -119,7 +119,7 @@ def _said(error: Exception, lang: str) -> str:
 
 
 def main(doc: str, argv=None) -> int:
-    lang = KitConfig.__dataclass_fields__["lang"].default_factory()
+    lang = language()   # what a usage error before the configuration is built is said in
     try:
         args = parser(doc).parse_args(argv)
         lang = config_of(args).lang   # a bad KIT_* override is a usage error too

@@ -30,7 +30,7 @@ def _environment(name: str, default=None):
     return value or default
 
 
-def _language() -> str:
+def language() -> str:
     """KIT_LANG, else the locale's language where it is Chinese, else English."""
     chosen = _environment("KIT_LANG")
     if chosen:
@@ -49,7 +49,7 @@ class KitConfig:
     state_dir: str = field(default_factory=lambda: _environment("KIT_STATE_DIR", os.path.join(ROOT, ".kit")))
     world_size: int | None = None       # run only the examples whose worlds have this many ranks (gpucheck)
     landlock: bool = True               # False: confine the ranks as on a kernel without Landlock (--no-landlock)
-    lang: str = field(default_factory=_language)   # what the judge says is in this language (messages.py)
+    lang: str = field(default_factory=language)   # what the judge says is in this language (messages.py)
     rank_memory_gb: float | None = field(
         default_factory=lambda: float(_environment("KIT_RANK_MEMORY_GB")) if _environment("KIT_RANK_MEMORY_GB")
         else None)

@@ -50,6 +50,7 @@ class Recorder(GroupCounters):
         # that its counter stays readable even after the code drops or destroys it
         self.groups: dict[int, dict] = {}
         self.compute: ComputeWatch | None = None
+        self.works: dict[int, tuple] = {}   # (reset's finish lets go of the waited ones)
         self.reset()
 
     def reset(self, policy: Policy | None = None):
@@ -242,7 +243,7 @@ class Recorder(GroupCounters):
     def drop_waited(self):
         """Let go of each Work whose wait is recorded: the record needs it no more, and a Work keeps its tensors
         (communication buffers the code has released) alive."""
-        for key, (_, op) in list(getattr(self, "works", {}).items()):   # (none before the first reset)
+        for key, (_, op) in list(self.works.items()):
             if op.get("wait_end") is not None:
                 del self.works[key]
 
