@@ -285,7 +285,6 @@ class Recorder(GroupCounters):
         return ops_digest([self.exported(op) for op in self.ops])
 
 
-
 _RECORDER: Recorder | None = None   # this rank's one recorder, from ``activate`` on (never in the test process)
 
 
