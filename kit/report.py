@@ -268,7 +268,27 @@ def as_gradescope(verdict: Verdict, hidden_visibility: str = "after_published", 
     sealed = strip_paths(protections_line(verdict.protections, lang)[0])
     return {"score": verdict.score, "max_score": verdict.max_score, "execution_time": round(verdict.elapsed, 3),
             "output": f"{title}\n{sealed}" + (f"\n\n{strip_paths(note)}" if note else ""), "visibility": "visible",
-            "tests": tests, "extra_data": {"protections": verdict.protections}}
+            "tests": tests, "leaderboard": leaderboard(verdict), "extra_data": {"protections": verdict.protections}}
+
+
+HIGHER_IS_BETTER = {"hidden fraction"}   # every other cost figure is better lower (bytes, messages, the bubble)
+
+
+def leaderboard(verdict: Verdict) -> list[dict]:
+    """Gradescope's leaderboard entries (name, value, order): each cost figure the tests recorded, as yours over
+    the model's (1.00 is the model; below it is better) or, for a fraction that is better higher, yours.  The
+    figures come from the harness's trace, never from the code's own numbers (testkit.cost)."""
+    entries = []
+    for t in verdict.tests:
+        for f in (t.cost or {}).get("figures", []):
+            figure, model, yours = f.get("figure"), f.get("model"), f.get("yours")
+            if figure in HIGHER_IS_BETTER and isinstance(yours, (int, float)):
+                entries.append({"name": figure, "value": round(float(yours), 4), "order": "desc"})
+                continue
+            ratio = cost_ratio(model, yours)
+            if ratio != "—":
+                entries.append({"name": f"{figure} / model", "value": float(ratio), "order": "asc"})
+    return list({e["name"]: e for e in entries}.values())   # one entry per figure: the last test's
 
 
 def is_public(verdict: Verdict, test) -> bool:
