@@ -195,16 +195,18 @@ def render_text(verdict: Verdict, target_args: list, out=None, brief: bool = Fal
 def cost_table(problem, test, lang: str = "en"):
     """The figures one test recorded (testkit.cost): the closed form, the model's value, yours, the ratio."""
     from rich.table import Table
+    from rich.text import Text
     say = speaker(lang)
-    table = Table(title=say("cost.title", test=test.name, case=test.cost.get("case", "")), title_justify="left",
+    table = Table(title=Text(say("cost.title", test=test.name, case=test.cost.get("case", ""))), title_justify="left",
                   show_edge=False, box=None, pad_edge=False)
     for col, justify in (("figure", "left"), ("formula", "left"), ("model", "right"), ("yours", "right"),
                          ("ratio", "right")):
         table.add_column(say(f"cost.col.{col}"), justify=justify)
     for f in test.cost.get("figures", []):
         model, yours = f.get("model"), f.get("yours")
-        table.add_row(str(f.get("figure")), problem.cost.get(f.get("figure"), ""), _figure(model), _figure(yours),
-                      cost_ratio(model, yours))
+        # plain text: a closed form such as m · (2·L_s − [s = 0]) · a is no rich markup
+        table.add_row(Text(str(f.get("figure"))), Text(problem.cost.get(f.get("figure"), "")), _figure(model),
+                      _figure(yours), cost_ratio(model, yours))
     return table
 
 

@@ -50,7 +50,10 @@ def out_of_sync(problems: dict, root: str = ROOT, only=None) -> list:
         if listed is not None and set(listed) != tests:
             found.append(f"problem {p.number}: the statement's property list names {sorted(set(listed) - tests)} "
                          f"that are no tests, and not the tests {sorted(tests - set(listed))}")
-        if p.cost and listed is not None:
+        if not p.cost:
+            found.append(f"problem {p.number}: no cost model (its entry's cost: each figure's closed form, as the "
+                         "statement's concept section derives it)")
+        elif listed is not None:
             concept = statements.section(statements.read(p, "en", root), statements.SECTIONS["en"][2])
             for figure, formula in p.cost.items():
                 if figure not in concept or formula not in concept:
@@ -185,6 +188,9 @@ On 2 ranks with `x = [1., 2.]` and `x = [3., 4.]`, both return `[4., 6.]`.
 ## The concept
 The formulas, and the cost model: total bytes per rank, bytes on the busiest link, message count.
 
+**The cost model** (the catalogue's `cost`, in the table after each judge run). One all-reduce of `x`:
+* messages per rank: `1`.
+
 ## Properties the tests check
 * `test_matches_the_sum_over_ranks`: on 1–4 ranks, `x` of 1 to 8 float64 elements: every rank returns the
   sum over ranks, to rounding.
@@ -216,6 +222,9 @@ _README_ZH = '''# {number} · {title}
 ## 概念
 公式与代价模型：每个秩的总字节数、最忙链路上的字节数、消息数。
 
+**代价模型**（目录中的 `cost`，每次评测后在代价表中列出）。对 `x` 做一次全归约：
+* 每个秩的消息数（messages per rank）：`1`。
+
 ## 测试检查的性质
 * `test_matches_the_sum_over_ranks`：在 1–4 个秩上，`x` 为 1 到 8 个 float64 元素：每个秩返回各秩之和，误差在舍入以内。
 
@@ -239,6 +248,8 @@ _ENTRY = '''  - number: {number}
     topic: {topic}
     file: {name}.py
     names: [{name}]
+    cost:
+      messages per rank: "1"
     points:
       test_matches_the_sum_over_ranks: 1
     hints:

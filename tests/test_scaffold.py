@@ -60,6 +60,7 @@ def test_new_refuses_a_number_in_use_and_a_bad_slug(kit_copy):
                       "['test_matches_the_sum_over_ranks']"),
     ("trace_test", "problem 199: trace_test names test_gone"),
     ("cost", "problem 199: its cost figure 'bytes per rank' = 'N · B' is not derived in its statement's concept"),
+    ("no_cost", "problem 199: no cost model"),
 ])
 def test_a_broken_catalogue_is_caught(kit_copy, tmp_path, breakage, expected):
     broken = tmp_path / "kit"
@@ -72,9 +73,10 @@ def test_a_broken_catalogue_is_caught(kit_copy, tmp_path, breakage, expected):
         readme.write_text(readme.read_text().replace("| 199 | [A sum]", "| 199 | [A total]"))
     elif breakage == "property_list":
         statement.write_text(statement.read_text().replace("* `test_matches_the_sum_over_ranks`:", "* The sum:"))
+    elif breakage == "no_cost":
+        yaml.write_text(yaml.read_text().replace('    cost:\n      messages per rank: "1"\n', ""))
     elif breakage == "cost":
-        yaml.write_text(yaml.read_text().replace("    file: all_reduce_sum.py\n",
-                                                 "    file: all_reduce_sum.py\n    cost: {bytes per rank: N · B}\n"))
+        yaml.write_text(yaml.read_text().replace('messages per rank: "1"', "bytes per rank: N · B"))
     else:
         yaml.write_text(yaml.read_text().replace("    file: all_reduce_sum.py\n",
                                                  "    file: all_reduce_sum.py\n    trace_test: test_gone\n"))

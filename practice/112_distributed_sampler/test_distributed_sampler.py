@@ -9,7 +9,7 @@ from hypothesis import example, given, strategies as st
 from torch.utils.data import DistributedSampler, Sampler
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 
 
 @st.composite
@@ -156,12 +156,15 @@ def test_bad_arguments_raise(target, kwargs, drop_last):
 # ---- on real ranks -----------------------------------------------------------------------------
 
 def _gather_shards(target, case, epoch):
-    """Runs on every rank: build this rank's own sampler, then all-gather every rank's shard."""
-    sampler = target.load().ShardSampler(case["dataset_len"], dist.get_world_size(), dist.get_rank(),
-                                         shuffle=case["shuffle"], seed=case["seed"], drop_last=case["drop_last"])
-    sampler.set_epoch(epoch)
+    """Runs on every rank: build this rank's own sampler and iterate it (the "sampler" phase: anything it
+    communicates is traced there), then all-gather every rank's shard (the test's own op, outside it)."""
+    with harness.phase("sampler"):
+        sampler = target.load().ShardSampler(case["dataset_len"], dist.get_world_size(), dist.get_rank(),
+                                             shuffle=case["shuffle"], seed=case["seed"], drop_last=case["drop_last"])
+        sampler.set_epoch(epoch)
+        shard = [int(i) for i in sampler]
     shards = [None] * dist.get_world_size()
-    dist.all_gather_object(shards, [int(i) for i in sampler])
+    dist.all_gather_object(shards, shard)
     return shards
 
 
@@ -172,13 +175,25 @@ def rank_cases(draw):
 
 
 @given(rank_cases())
-def test_multi_rank_shards_cover_dataset(target, drawn):
+def test_multi_rank_shards_cover_dataset(target, record_property, drawn):
     world, case, epoch = drawn
-    values, _ = harness.run(_gather_shards, world, target, case, epoch)
+    values, trace = harness.run(_gather_shards, world, target, case, epoch)
     shards = values[0]
     n = case["dataset_len"]
     call = f"on {world} ranks, each with its own ShardSampler({n}, {world}, rank, shuffle={case['shuffle']}, " \
            f"seed={case['seed']}, drop_last={case['drop_last']}) at epoch {epoch}, the shards were {shards}"
+    # the cost model: a sampler computes its shard from (seed, epoch, rank) alone, so it moves nothing
+    sent = [op for rank in range(world) for op in trace.ops(rank, phase="sampler")]
+    for rank in range(world):
+        mine = [op for op in sent if op.rank == rank]
+        harness.check(not mine, f"{call}: building and iterating the sampler on rank {rank} issued {len(mine)} "
+                      f"communication ops ({mine[0].describe() if mine else ''}), {sum(op.in_bytes for op in mine)} "
+                      "bytes; the cost model says bytes per rank = 0 and messages per rank = 0: every rank computes "
+                      "the same permutation from seed + epoch, so there is nothing to send", rank=rank)
+    cost.record(record_property, f"ShardSampler({n}, {world}, rank) at epoch {epoch} on {world} ranks", n * world,
+                bytes_per_rank=(0, max((sum(op.in_bytes for op in sent if op.rank == r) for r in range(world)),
+                                       default=0)),
+                messages_per_rank=(0, max((sum(op.rank == r for op in sent) for r in range(world)), default=0)))
     holders = {}
     for rank, shard in enumerate(shards):
         for i in shard:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from hypothesis import assume, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.models import grad_bytes, mse, random_batches, random_mlp, shard, train_reference
 
 
@@ -266,7 +266,7 @@ def test_buckets_follow_make_buckets(target, case):
 
 
 @given(ddp_cases())
-def test_one_async_all_reduce_per_bucket_during_backward(target, case):
+def test_one_async_all_reduce_per_bucket_during_backward(target, record_property, case):
     values, trace = _run_ddp(target, case)
     sizes = [s for i, s in enumerate(grad_bytes(random_mlp(case["widths"], 0))) if i not in case["frozen"]]
     for rank in range(case["world_size"]):
@@ -275,8 +275,8 @@ def test_one_async_all_reduce_per_bucket_during_backward(target, case):
             backward = trace.phases(rank, "backward")[step]
             reduces = [op for op in trace.ops(rank, "all_reduce") if op.step == step]
             harness.check(len(reduces) == len(buckets),
-                          f"expected exactly {len(buckets)} all_reduce calls (one per bucket), saw {len(reduces)}",
-                          rank=rank, step=step)
+                          f"messages per rank: the cost model says len(buckets) = {len(buckets)} all_reduce calls "
+                          f"per backward (one per bucket), saw {len(reduces)}", rank=rank, step=step)
             for k, (op, bucket) in enumerate(zip(reduces, buckets)):
                 label = f"all_reduce #{k + 1} ({op.site})"
                 harness.check(op.phase == "backward",
@@ -294,16 +294,27 @@ def test_one_async_all_reduce_per_bucket_during_backward(target, case):
                               f"{label} carried {op.in_bytes} bytes; bucket {k} {bucket} holds {want} bytes "
                               "(buckets must be reduced in bucket order, flattened into one tensor)",
                               rank=rank, step=step)
+    # the figures of the last step on rank 0, from the trace: the checks above fixed them on every rank and step
+    last = [op for op in trace.ops(0, "all_reduce") if op.step == case["steps"] - 1]
+    cost.record(record_property, f"{len(values[0]['buckets'])} buckets of {sum(sizes)} gradient bytes "
+                f"(cap {case['cap']}) on {case['world_size']} ranks", sum(sizes) * len(sizes),
+                bytes_per_rank=(sum(sizes), sum(op.in_bytes for op in last)),
+                messages_per_rank=(len(values[0]["buckets"]), len(last)))
 
 
 @given(ddp_cases())
-def test_frozen_parameters_never_communicated(target, case):
+def test_frozen_parameters_never_communicated(target, record_property, case):
     _, trace = _run_ddp(target, case)
     trainable = sum(s for i, s in enumerate(grad_bytes(random_mlp(case["widths"], 0))) if i not in case["frozen"])
+    sent = {}
     for rank in range(case["world_size"]):
         for step in range(case["steps"]):
-            sent = sum(op.in_bytes for op in trace.ops(rank, step=step))
-            harness.check(sent == trainable,
-                          f"step communicated {sent} bytes, but the gradients that require grad hold {trainable} "
+            sent[rank, step] = sum(op.in_bytes for op in trace.ops(rank, step=step))
+            harness.check(sent[rank, step] == trainable,
+                          f"step communicated {sent[rank, step]} bytes, but bytes per rank in the cost model is "
+                          f"Σ_trainable numel(p) · elem_size = {trainable}: the gradients that require grad, once "
                           f"(frozen parameters {sorted(case['frozen'])} must never be communicated)",
                           rank=rank, step=step)
+    cost.record(record_property, f"{len(case['frozen'])} of {2 * (len(case['widths']) - 1)} parameters frozen, "
+                f"{trainable} trainable gradient bytes on {case['world_size']} ranks", trainable,
+                bytes_per_rank=(trainable, max(sent.values())))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.models import OptimizerSpec, mse, random_batches, random_mlp, shard, train_reference
 
 
@@ -117,10 +117,21 @@ def test_train_step_returns_mean_loss(target, case):
 
 @hs.fewer_examples(0.6)
 @given(accumulation_cases())
-def test_one_sync_per_step(target, case):
+def test_one_sync_per_step(target, record_property, case):
     _, trace = _run_train(target, case)
+    params = list(random_mlp(case["widths"], 0).parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in params)   # P · elem_size: every gradient once
     for rank in range(case["world_size"]):
         count, size = one_sync(trace, rank)
+        if case["world_size"] > 1:   # on one rank there is nothing to average: a sync may skip its ops
+            harness.check(size == model_bytes,
+                          f"one plain backward outside no_sync() communicated {size} bytes, but bytes per rank in "
+                          f"the cost model is P · elem_size = {model_bytes}: every gradient once, averaged",
+                          rank=rank)
+            harness.check(1 <= count <= len(params),
+                          f"one plain backward outside no_sync() issued {count} communication ops, but messages per "
+                          f"rank in the cost model is between 1 and n_params = {len(params)}: one flat all-reduce, "
+                          "or one per parameter", rank=rank)
         for step in range(case["steps"]):
             ops = trace.ops(rank, phase="train_step", step=step)
             sent = sum(op.in_bytes for op in ops)
@@ -129,6 +140,11 @@ def test_one_sync_per_step(target, case):
                           f"but one synchronised backward costs {count} ops and {size} bytes. Exactly one of the "
                           f"{case['k']} backward passes (the last) may communicate; the others run inside no_sync()",
                           rank=rank, step=step)
+    last = trace.ops(0, phase="train_step", step=case["steps"] - 1)
+    cost.record(record_property, f"train_step of k={case['k']} micro-batches, {len(params)} parameters on "
+                f"{case['world_size']} ranks", model_bytes * case["k"] if case["world_size"] > 1 else -1,
+                bytes_per_rank=(model_bytes, sum(op.in_bytes for op in last)),
+                messages_per_rank=(one_sync(trace, 0)[0], len(last)))
 
 
 # ---- no_sync itself ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from hypothesis import given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.flat_shards import (mlp_widths_with_tiny, owned_real, owned_slice, ring_wire_bytes, shard_size,
                                  states_per_element)
 from testkit.models import mse, random_batches, random_mlp, shard, train_reference
@@ -316,39 +316,55 @@ def test_collective_kinds_match_the_stage(target, case):
 
 @hs.fewer_examples(0.5)
 @given(zero_cases(min_world=2, precisions=ANY_PRECISION))
-def test_bytes_per_step_match_ring_costs(target, case):
+def test_bytes_per_step_match_ring_costs(target, record_property, case):
     _, trace = _run(target, case)
     n, stage = case["world_size"], case["stage"]
     numel = sum(p.numel() for p in random_mlp(case["widths"], 0).parameters())
     s = shard_size(numel, n)
     e = torch.empty(0, dtype=case["dtype"]).element_size()
+    # the cost model, per rank per step (the statement's concept section): what the trace records each rank
+    # contributing, and what a ring puts on the wire for it; stage 1's all_reduce may take P or N·S elements,
+    # so its model follows the one rank 0's first step chose (the check below holds every rank to the two)
+    reduced = sum(op.in_bytes for op in trace.ops(0, "all_reduce", step=0)) // e
+    reduced = numel if stage == 2 or reduced != n * s else reduced
+    model = {1: ((reduced + s) * e, "(P or N·S) · elem_size + S · elem_size",
+                 (2 * (n - 1) / n * reduced + (n - 1) * s) * e,
+                 "(2(N-1)/N · (P or N·S) + (N-1) · S) · elem_size"),
+             2: ((n + 1) * s * e, "(N+1) · S · elem_size", 2 * (n - 1) * s * e, "2(N-1) · S · elem_size")}[stage]
+    figures = {}
     for rank in range(n):
         for step in range(case["steps"]):
             ops = trace.ops(rank, step=step)
             sent = {k: sum(op.in_bytes for op in ops if op.kind == k)
                     for k in ("all_reduce", "reduce_scatter", "all_gather")}
             listing = f"{[op.describe() for op in ops]} ({_describe(case)}, P={numel}, S={s})"
+            what = f"bytes per rank (stage {stage}) in the cost model: {model[1]} = {model[0]}"
             harness.check(sent["all_gather"] == s * e,
                           f"the all_gather carried {sent['all_gather']} bytes from this rank; each rank contributes "
-                          f"exactly its S={s} updated elements in the parameters' dtype ({s * e} bytes): {listing}",
-                          rank=rank, step=step)
+                          f"exactly its S={s} updated elements in the parameters' dtype ({s * e} bytes; {what}): "
+                          f"{listing}", rank=rank, step=step)
             if stage == 2:
                 harness.check(sent["reduce_scatter"] == n * s * e,
                               f"the reduce_scatter input was {sent['reduce_scatter']} bytes; it is the whole "
                               f"gradient padded to N*S={n * s} elements in the parameters' dtype "
-                              f"({n * s * e} bytes): {listing}", rank=rank, step=step)
-                want_wire, formula = 2 * (n - 1) * s * e, "2(N-1)S elements, as DDP"
+                              f"({n * s * e} bytes; {what}): {listing}", rank=rank, step=step)
+                want_wire = model[2]
             else:
                 harness.check(sent["all_reduce"] in (numel * e, n * s * e),
                               f"the all_reduce carried {sent['all_reduce']} bytes; it is the whole gradient in the "
-                              f"parameters' dtype, {numel * e} bytes (or {n * s * e} padded): {listing}",
+                              f"parameters' dtype, {numel * e} bytes (or {n * s * e} padded; {what}): {listing}",
                               rank=rank, step=step)
                 want_wire = 2 * (n - 1) / n * sent["all_reduce"] + (n - 1) * s * e
-                formula = "2(N-1)/N x P + (N-1)S elements, 1.5x DDP"
             wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in ops)
             harness.check(math.isclose(wire, want_wire),
-                          f"on a ring this step puts {wire:g} bytes on the wire from this rank, expected "
-                          f"{want_wire:g} ({formula}): {listing}", rank=rank, step=step)
+                          f"on a ring this step puts {wire:g} bytes on the wire from this rank, but ring bytes per "
+                          f"rank (stage {stage}) in the cost model is {model[3]} = {want_wire:g}"
+                          f"{' (the all_reduce as issued)' if stage == 1 else ''}: {listing}", rank=rank, step=step)
+            figures[rank, step] = (sum(sent.values()), wire)
+    busiest = max(figures.values())
+    cost.record(record_property, f"stage {stage}, P={numel} {case['dtype']} elements on {n} ranks (S={s})",
+                numel * e * (n - 1) / n, **{f"bytes per rank (stage {stage})": (model[0], busiest[0]),
+                                            f"ring bytes per rank (stage {stage})": (model[2], busiest[1])})
 
 
 # ---- checkpoints --------------------------------------------------------------------------------

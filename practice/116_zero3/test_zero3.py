@@ -17,7 +17,7 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.flat_shards import mlp_widths_with_tiny, owned_slice, ring_wire_bytes, shard_size, unflatten
 from testkit.models import OptimizerSpec, mse, random_batches, random_mlp, shard, train_reference
 from testkit.resident import resident_growth
@@ -398,24 +398,34 @@ def test_resident_memory_holds_only_shards(target, world_size):
 
 @hs.fewer_examples(0.5)
 @given(fsdp_cases(min_world=2))
-def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, case):
+def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, record_property, case):
     _, trace = _run(target, case)
     n = case["world_size"]
     layout = _layout(random_mlp(case["widths"], 0))
     e = torch.empty(0, dtype=torch.float64).element_size()
     shards = sorted(shard_size(numel, n) * e for _, _, numel in layout)
+    # the cost model per rank per step, K = len(shards) units (the statement's concept section): every figure is
+    # fixed, each unit's collectives carrying exactly its shard S_u (its padded gradient for the reduce_scatter)
+    model = {"all-gather bytes per rank (forward)": sum(shards),
+             "all-gather bytes per rank (backward)": sum(shards),
+             "reduce-scatter bytes per rank": n * sum(shards), "messages per rank": 3 * len(shards)}
+    measured = {}
     for rank in range(n):
         for step in range(case["steps"]):
-            for phase, want, what in (
-                    ("forward", {"all_gather": shards}, "one all_gather of its shard"),
+            for phase, want, what, figures in (
+                    ("forward", {"all_gather": shards}, "one all_gather of its shard",
+                     "all-gather bytes per rank (forward) = Σ_u S_u · elem_size"),
                     ("backward", {"all_gather": shards, "reduce_scatter": [n * b for b in shards]},
-                     "one all_gather of its shard and one reduce_scatter of its padded gradient")):
+                     "one all_gather of its shard and one reduce_scatter of its padded gradient",
+                     "all-gather bytes per rank (backward) = Σ_u S_u · elem_size, reduce-scatter bytes per rank = "
+                     "N · Σ_u S_u · elem_size")):
                 ops = trace.ops(rank, phase=phase, step=step)
                 got = {kind: sorted(op.in_bytes for op in ops if op.kind == kind) for kind in {op.kind for op in ops}}
                 sizes = ", ".join(f"{kind} inputs {b} bytes" for kind, b in want.items())
                 harness.check(got == want,
                               f"the {phase} pass issued {[op.describe() for op in ops]}; per unit with parameters "
-                              f"it must issue {what}, and nothing else: {sizes} ({_describe(case)})",
+                              f"it must issue {what}, and nothing else: {sizes} (the cost model: {figures}, "
+                              f"messages per rank = 3K = {3 * len(shards)} in all; {_describe(case)})",
                               rank=rank, step=step)
             ops = trace.ops(rank, step=step)
             wire = sum(ring_wire_bytes(op.kind, op.in_bytes, n) for op in ops)
@@ -424,6 +434,17 @@ def test_two_all_gathers_and_one_reduce_scatter_per_unit(target, case):
                           f"on a ring this step puts {wire:g} bytes on the wire; 2 all_gathers and 1 reduce_scatter "
                           f"per unit make 3(N-1)/N x {padded} padded parameter bytes = "
                           f"{3 * (n - 1) / n * padded:g}", rank=rank, step=step)
+            measured[rank, step] = ops
+    # the figures of rank 0's last step, from the trace: the checks above held every rank and step to them
+    ops = measured[0, case["steps"] - 1]
+    yours = {"all-gather bytes per rank (forward)": sum(op.in_bytes for op in ops
+                                                        if op.kind == "all_gather" and op.phase == "forward"),
+             "all-gather bytes per rank (backward)": sum(op.in_bytes for op in ops
+                                                         if op.kind == "all_gather" and op.phase == "backward"),
+             "reduce-scatter bytes per rank": sum(op.in_bytes for op in ops if op.kind == "reduce_scatter"),
+             "messages per rank": len(ops)}
+    cost.record(record_property, f"{len(shards)} units of {sum(shards) // e} shard elements (float64) on {n} ranks",
+                n * sum(shards), **{name: (model[name], yours[name]) for name in model})
 
 
 # ---- prefetch: the next unit's all_gather travels while this unit computes ------------------------

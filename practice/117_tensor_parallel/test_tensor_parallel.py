@@ -14,7 +14,7 @@ from hypothesis import given, strategies as st
 from torch import nn
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 
 # this folder's own helper, shard_match.py (conftest.py makes it importable by name)
@@ -404,27 +404,47 @@ def _elements(shape) -> int:
     return math.prod(shape)
 
 
+def layer_cost(case, size):
+    """The cost model of one forward and backward of the layer (the statement's concept section): each op's kind and
+    bytes, per pass.  An all_reduce carries the whole tensor it sums; an all_gather this rank's 1/N of what it
+    gathers: the output's forward (ColumnParallelLinear's gather_output), the input gradient's backward
+    (RowParallelLinear with input_is_parallel=False)."""
+    n, kind = case["n"], case["kind"]
+    y, x = _elements(_output_shape(case)) * size, _elements(_input_shape(case)) * size
+    forward, backward = [("all_reduce", y)], [("all_reduce", x)]   # ParallelMLP, ParallelSelfAttention: g, then f
+    if kind == "column":
+        forward = [("all_gather", y // n)] if case["gather_output"] else []
+    elif kind == "row":
+        backward = [] if case["input_is_parallel"] else [("all_gather", x // n)]
+    return {"forward": forward, "backward": backward}
+
+
 @hs.fewer_examples(0.5)
 @given(tp_cases())
-def test_communication_per_layer(target, case):
+def test_communication_per_layer(target, record_property, case):
     _, trace = run_layers(target, case)
-    n, kind, size = case["n"], case["kind"], torch.finfo(case["dtype"]).bits // 8
-    forward, backward = ["all_reduce"], ["all_reduce"]   # ParallelMLP, ParallelSelfAttention: g, then f
-    if kind == "column":
-        forward = ["all_gather"] if case["gather_output"] else []
-    elif kind == "row":
-        backward = [] if case["input_is_parallel"] else ["all_gather"]
+    n, size = case["n"], torch.finfo(case["dtype"]).bits // 8
+    model = layer_cost(case, size)
     what = _describe(case)
-    out_bytes, in_bytes = _elements(_output_shape(case)) * size, _elements(_input_shape(case)) * size
     for r in range(n):
-        _check_ops(trace, r, "forward", forward, n, what)
-        _check_ops(trace, r, "backward", backward, n, what)
-        for phase, full_bytes in (("forward", out_bytes), ("backward", in_bytes)):
-            for op in trace.ops(r, "all_reduce", phase=phase):
-                harness.check(op.in_bytes == full_bytes,
-                              f"{what}: the {phase} all_reduce carried {op.in_bytes} bytes; the full "
-                              f"{'output' if phase == 'forward' else 'input gradient'} is {full_bytes} bytes "
-                              f"({op.site})", rank=r)
+        for phase, ops in model.items():
+            _check_ops(trace, r, phase, [kind for kind, _ in ops], n, what)
+            bytes_of, tensor = dict(ops), "output" if phase == "forward" else "input gradient"
+            # the kinds match the model here, so checking each op's bytes checks their sum, the bytes per rank
+            for op in trace.ops(r, phase=phase):
+                share = f"the full {tensor}" if op.kind == "all_reduce" else f"this rank's 1/{n} of the {tensor}"
+                harness.check(op.in_bytes == bytes_of[op.kind],
+                              f"{what}: the {phase} {op.kind} carried {op.in_bytes} bytes; the cost model's is "
+                              f"{bytes_of[op.kind]} bytes, {share} ({op.site})", rank=r)
+    # the figures, for the cost table, from the trace.  The catalogue's closed forms are a block's, so a block's
+    # case is shown before any single layer's; a single rank's last (it may skip its no-op collectives)
+    ops = [op for phase in model for op in trace.ops(phase=phase)]
+    model_bytes = sum(b for ops_of_pass in model.values() for _, b in ops_of_pass)
+    shown_first = model_bytes + (1 << 40 if case["kind"] in ("mlp", "attention") else 0) if n > 1 else -1
+    cost.record(record_property, f"{what} on {n} ranks, {case['dtype']}", shown_first,
+                bytes_per_rank=(model_bytes, max(sum(op.in_bytes for op in ops if op.rank == r) for r in range(n))),
+                messages_per_rank=(sum(map(len, model.values())),
+                                   max(sum(op.rank == r for op in ops) for r in range(n))))
 
 
 # ---- errors and process groups -------------------------------------------------------------------

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.attention_shards import chunk_of, forward_backward
 from testkit.groups import member_group
 from testkit.overlap import check_receives_overlap_compute
+from testkit.overlap_cost import hidden_fraction, ring_figures
 
 F64 = dict(atol=1e-9, rtol=1e-7)
 LARGE_LOGIT = 300.0      # exp(300) overflows float32 (and float64 stays exact enough to compare with)
@@ -72,6 +73,11 @@ def full_attention(q, k, v, dout, causal):
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out.backward(dout.double())
     return out.detach(), [q.grad, k.grad, v.grad]
+
+
+def chunk_bytes(case):
+    """One K or V chunk, [B, H, S/N, D] float64: what every forward message carries."""
+    return case["batch"] * case["heads"] * case["chunk"] * case["dim"] * 8
 
 
 def describe(case, dtype=torch.float64, members=None):
@@ -185,14 +191,18 @@ def test_forward_passes_kv_chunks_one_way_round_the_ring(target, case):
 
 @hs.fewer_examples(0.5)
 @given(cases(min_world=2, causal=st.just(False)))
-def test_forward_computes_while_the_next_chunk_travels(target, case):
+def test_forward_computes_while_the_next_chunk_travels(target, record_property, case):
     _, trace = run(target, case, sequence(case))   # every call of 119 counts compute (problems.yaml: probes)
-    check_receives_overlap_compute(trace, range(case["world_size"]), "forward", describe(case), "chunk")
+    ranks = range(case["world_size"])
+    check_receives_overlap_compute(trace, ranks, "forward", describe(case), "chunk")
+    # the check above fixes the hidden fraction at 1: every receive had attention compute behind it
+    cost.record(record_property, describe(case), chunk_bytes(case) * case["world_size"],
+                hidden_fraction=(1.0, hidden_fraction(trace, ranks, "forward")))
 
 
 @hs.fewer_examples(0.5)
 @given(cases())
-def test_forward_passes_kv_n_minus_1_times(target, case):
+def test_forward_passes_kv_n_minus_1_times(target, record_property, case):
     _, trace = run(target, case, sequence(case))
     n = case["world_size"]
     for rank in range(n):
@@ -202,6 +212,19 @@ def test_forward_passes_kv_n_minus_1_times(target, case):
                           f"{describe(case)}: forward issued {len(ops)} {kind}s; K and V each make N-1 = {n - 1} "
                           f"hops (after N-1 hops every rank has seen every chunk), so expected {2 * (n - 1)}",
                           rank=rank)
+    # the cost model: 2(N-1) messages of one chunk each, all to the same neighbour (the ring goes one way)
+    model = 2 * (n - 1) * chunk_bytes(case)
+    for rank in range(n):
+        measured = ring_figures(trace, [rank], "forward")
+        for figure, what in (("bytes_per_rank", "sent in all"), ("busiest_link", "sent to one neighbour")):
+            harness.check(measured[figure] == model,
+                          f"{describe(case)}: forward {what} {measured[figure]} bytes; the cost model's "
+                          f"{figure.replace('_', ' ')} is 2(N-1) · B·H·(S/N)·D · elem_size = {model} bytes: "
+                          "K and V each pass one chunk per hop, N-1 hops, to the next rank only", rank=rank)
+    measured = ring_figures(trace, range(n), "forward")
+    cost.record(record_property, describe(case), model,
+                bytes_per_rank=(model, measured["bytes_per_rank"]), busiest_link=(model, measured["busiest_link"]),
+                messages_per_rank=(2 * (n - 1), measured["messages_per_rank"]))
 
 
 @hs.fewer_examples(0.3)

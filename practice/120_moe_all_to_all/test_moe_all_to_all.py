@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import member_group
 
 F64 = dict(atol=1e-9, rtol=1e-7)
@@ -225,6 +225,13 @@ def routing(xs, router_w, top_k, e_local):
     return sends
 
 
+def rows_to_each_rank(op):
+    """Bytes an all_to_all sends to each destination rank, from its input split sizes (rows of equal size)."""
+    splits = list(op.splits[1]) if op.splits else []
+    rows = sum(splits)
+    return [op.in_bytes * part // rows if rows else 0 for part in splits]
+
+
 # ---- Part 1: forward ---------------------------------------------------------------------------
 
 @given(cases())
@@ -246,13 +253,14 @@ def test_three_all_to_all_per_forward(target, case):
 
 
 @given(cases(dtypes=(torch.float32, torch.float64)))
-def test_dispatch_sends_each_token_choice_once(target, case):
+def test_dispatch_sends_each_token_choice_once(target, record_property, case):
     tensors = layer(case)
     xs, router_w = tensors[0], tensors[1]
     assume(no_near_ties(xs, router_w, case["top_k"]))
     _, trace = run(target, case, tensors)
     n, k, d, size = case["world_size"], case["top_k"], case["dim"], case["dtype"].itemsize
     sends = routing(xs, router_w, k, case["e_local"])
+    measured, model = [], []      # per rank: (bytes per rank, busiest link, messages per rank)
     for rank in range(n):
         ops = trace.ops(rank, "all_to_all", phase="forward")
         harness.check(len(ops) == 3, f"{describe(case)}: forward issued {len(ops)} all_to_all, expected 3 "
@@ -271,6 +279,23 @@ def test_dispatch_sends_each_token_choice_once(target, case):
                           f"input_split_sizes) = {op.splits}; routing sends {sends[rank]} token choices to ranks "
                           f"0..{n - 1} and receives {receives} from them (global expert e lives on rank "
                           f"e // E_local), so expected {want}", rank=rank)
+        # the cost model: the combine sends back one d-wide row, in x's dtype, per row this rank's experts got
+        arrived = sum(receives)
+        harness.check(combine.in_bytes == arrived * d * size,
+                      f"{describe(case)}: the combine (the 3rd all_to_all, {combine.site}) sent {combine.in_bytes} "
+                      f"bytes; the cost model's bytes per rank is (T_r · top_k + A_r) · d · elem_size, of which the "
+                      f"combine is A_r · d · elem_size = {arrived} rows x {d} x {size} = {arrived * d * size}: one "
+                      f"expert output row per row received, in x's dtype", rank=rank)
+        # the busiest link: a peer's dispatch rows out plus its combine rows back (the split sizes fix both)
+        links = [a + b for a, b in zip(rows_to_each_rank(dispatch), rows_to_each_rank(combine))]
+        measured.append((dispatch.in_bytes + combine.in_bytes, max((b for s, b in enumerate(links) if s != rank),
+                                                                   default=0), len(ops)))
+        model.append(((tokens * k + arrived) * d * size, max((sends[rank][s] + sends[s][rank] for s in range(n)
+                                                              if s != rank), default=0) * d * size, 3))
+    busiest = max(range(n), key=lambda r: model[r][0])    # the rank with most to move
+    cost.record(record_property, describe(case), sum(case["tokens"]) * k * d * size,
+                **{figure: (model[busiest][i], measured[busiest][i])
+                   for i, figure in enumerate(("bytes_per_rank", "busiest_link", "messages_per_rank"))})
 
 
 @given(cases(empty_and_idle=True))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.flat_shards import ring_wire_bytes
 from testkit.groups import contiguous_groups, group_layout, positions
 
@@ -354,7 +354,7 @@ def test_layer_norm_sees_only_its_own_rows(target, case):
 
 @hs.fewer_examples(0.5)
 @given(block_cases())
-def test_one_all_gather_and_one_reduce_scatter_each_way(target, case):
+def test_one_all_gather_and_one_reduce_scatter_each_way(target, record_property, case):
     """Forward and backward each issue one all_gather (of this rank's rows) then one reduce_scatter (of the full
     sequence), on the tensor-parallel group, with the bytes of the formula."""
     t, s, b, h = (case[k] for k in "tsbh")
@@ -365,8 +365,14 @@ def test_one_all_gather_and_one_reduce_scatter_each_way(target, case):
             want = shard if op.kind == "all_gather" else full
             harness.check(op.in_bytes == want and op.group == group,
                           f"{describe(case)}: the {phase} {op.kind} carried {op.in_bytes} bytes on ranks "
-                          f"{list(op.group)}; it should carry {want} bytes ({'s/t' if want == shard else 's'}*b*h "
-                          f"elements) on ranks {list(group)} ({op.site})", rank=r)
+                          f"{list(op.group)}; the cost model's bytes per rank, 2(A/t + A) over both passes, has it "
+                          f"carry {want} bytes ({'A/t: s/t' if want == shard else 'A: s'}*b*h elements) on ranks "
+                          f"{list(group)} ({op.site})", rank=r)
+    # the kinds and each op's bytes are the model's (checked above): the figures, for the cost table
+    by_rank = [[op for phase in PASSES for op in trace.ops(r, phase=phase)] for r in range(t)]
+    cost.record(record_property, describe(case), full if t > 1 else -1,
+                bytes_per_rank=(2 * (shard + full), max(sum(op.in_bytes for op in mine) for mine in by_rank)),
+                messages_per_rank=(4, max(map(len, by_rank))))
 
 
 @hs.fewer_examples(0.5)
@@ -394,19 +400,24 @@ def test_no_all_reduce_of_activations(target, case):
 
 @hs.fewer_examples(0.5)
 @given(block_cases())
-def test_same_volume_as_tensor_parallel(target, case):
+def test_same_volume_as_tensor_parallel(target, record_property, case):
     """Per rank and per pass, the ring bytes of SP's ops equal those of 117's one all_reduce of the activation."""
     t, s, b, h = (case[k] for k in "tsbh")
     activation = _bytes(case, s, b, h)
     tensor_parallel = ring_wire_bytes("all_reduce", activation, t)      # 2(t-1)/t * s*b*h*e
     trace = run_block(target, case).trace
+    most = 0.0
     for r, phase in _rank_and_pass(t):
         ops = trace.ops(r, phase=phase)
         wire = sum(ring_wire_bytes(op.kind, op.in_bytes, t) for op in ops)
+        most = max(most, wire)
         harness.check(math.isclose(wire, tensor_parallel, abs_tol=1e-6),
-                      f"{describe(case)}: the {phase} pass puts {wire:g} bytes on the wire in a ring (from "
-                      f"in_bytes: {', '.join(f'{op.kind} {op.in_bytes}' for op in ops) or 'nothing'}); "
-                      f"117's one all_reduce of the {activation}-byte activation puts {tensor_parallel:g}", rank=r)
+                      f"{describe(case)}: ring bytes per pass: the {phase} pass puts {wire:g} bytes on the wire in "
+                      f"a ring (from in_bytes: {', '.join(f'{op.kind} {op.in_bytes}' for op in ops) or 'nothing'}); "
+                      f"the cost model's 2·(t−1)/t · A, 117's one all_reduce of the {activation}-byte activation, "
+                      f"is {tensor_parallel:g}", rank=r)
+    cost.record(record_property, describe(case), activation if t > 1 else -1,
+                ring_bytes_per_pass=(tensor_parallel, most))
 
 
 # ---- errors and process groups -------------------------------------------------------------------

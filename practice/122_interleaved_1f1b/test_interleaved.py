@@ -9,17 +9,19 @@ around each chunk forward (``ActivationWatch``).  Each rank receives only its ow
 """
 import contextlib
 import gc
+import math
 from fractions import Fraction
 
 import torch
 from hypothesis import given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 from testkit.models import mse, random_mlp
 from testkit.pipeline_runs import (against_the_truth, check_loss, full_batch_step, listed, run_pipelines,
                                    stage_widths)
+from testkit.pipeline_cost import SendCost, check_sends, figure_pairs
 from testkit.pipelines import close
 from testkit.schedule_drawing import record_drawing
 from testkit.schedule_strategies import durations, in_groups
@@ -284,7 +286,7 @@ def test_deadlocks_are_detected(target, drawn, tf):
 # ---- what the schedule buys ------------------------------------------------------------------------------
 
 @given(pmv(), times())
-def test_makespan_and_bubble(target, case, tf_tb):
+def test_makespan_and_bubble(target, record_property, case, tf_tb):
     """(m + (p - 1)/v)(tf + tb) and bubble (p - 1)/(v*m + p - 1): the schedule timed by the statement's
     rules, and simulate on the statement's schedule."""
     (p, m, v), (tf, tb) = case, tf_tb
@@ -296,9 +298,11 @@ def test_makespan_and_bubble(target, case, tf_tb):
     bubble = 1 - Fraction(m) * (Fraction(tf) + Fraction(tb)) / makespan
     harness.check(bubble == Fraction(p - 1, v * m + p - 1),
                   f"interleaved_schedule({p}, {m}, {v}) timed by the statement's rules (tf={tf:g}, tb={tb:g}) takes "
-                  f"{float(makespan):g}, bubble {float(bubble):.4g}; expected (m + (p - 1)/v)(tf + tb) = "
-                  f"{float(want):g}, bubble (p - 1)/(v*m + p - 1) = {p - 1}/{v * m + p - 1}:\n"
-                  f"{render(rows, Fraction(min(tf, tb)) / v)}")
+                  f"{float(makespan):g}, bubble fraction {float(bubble):.4g}; expected (m + (p - 1)/v)(tf + tb) = "
+                  f"{float(want):g}, the cost model's bubble fraction (p − 1)/(v·m + p − 1) = "
+                  f"{p - 1}/{v * m + p - 1}:\n{render(rows, Fraction(min(tf, tb)) / v)}")
+    cost.record(record_property, f"interleaved_schedule({p}, {m}, {v}), tf={tf:g}, tb={tb:g}", p * m * v,
+                bubble_fraction=(float(Fraction(p - 1, v * m + p - 1)), float(bubble)))
     call = f"simulate(the statement's schedule for p={p}, m={m}, v={v}, tf={tf:g}, tb={tb:g})"
     want_rows = canonical(p, m, v)
     out = feasible(simulated(target, want_rows, p, v, tf, tb, call), call, want_rows)
@@ -536,13 +540,28 @@ def expected_messages(r, p, v, ops):
     return out
 
 
+# the catalogue's cost model, in the statement's symbols, for the failure messages
+P2P_FORMULAS = {"bytes per rank": "2m·v · numel(act_shape) · elem_size on ranks 1 … p − 2, m messages fewer on "
+                                  "ranks 0 and p − 1",
+                "busiest link": "m·v · numel(act_shape) · elem_size from rank r to r ± 1 with p ≥ 3, m messages "
+                                "fewer on the wrap-around link",
+                "messages per rank": "2m·v sends on ranks 1 … p − 2, m fewer on ranks 0 and p − 1"}
+
+
 @hs.fewer_examples(0.6)
 @given(run_cases())
-def test_p2p_only_to_neighbouring_virtual_stages(target, case):
+def test_p2p_only_to_neighbouring_virtual_stages(target, record_property, case):
     """Each rank sends and receives only to/from the ranks of the previous and next virtual stage, in the order
     its op list needs, act_shape each, sends non-blocking; nothing else (p = 1: nothing at all)."""
     p, v, act = case["p"], case["v"], (case["rows"], case["widths"][1])
     _, trace = run_on_ranks(target, case)
+    # the cost model first, in its own words (the op-by-op checks below imply it, and say where order breaks)
+    message = math.prod(act) * torch.float64.itemsize
+    model = SendCost.of((r, peer, message) for r in range(p)
+                        for kind, peer, _, _ in expected_messages(r, p, v, case["schedule"][r]) if kind == "send")
+    measured = SendCost.traced(trace)
+    check_sends(model, measured, P2P_FORMULAS, describe(case))
+    cost.record(record_property, describe(case), model.figures()["bytes per rank"], **figure_pairs(model, measured))
     for r in range(p):
         ops = trace.ops(r)
         want = expected_messages(r, p, v, case["schedule"][r])

@@ -12,9 +12,10 @@ from hypothesis import given, strategies as st
 
 import harness
 from contiguous_ring import contiguous_causal_attention
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import member_group
 from testkit.overlap import check_receives_overlap_compute
+from testkit.overlap_cost import hidden_fraction, ring_figures
 
 TIGHT = dict(atol=1e-9, rtol=1e-7)
 LARGE_LOGIT = 300.0      # exp(300) is inf in float32
@@ -211,7 +212,7 @@ def test_forward_large_logits_float32(target, case):
 
 
 @given(cases())
-def test_kv_shards_move_one_hop_at_a_time(target, case):
+def test_kv_shards_move_one_hop_at_a_time(target, record_property, case):
     """K/V move one neighbour at a time, one shard per message, 2(N-1) per rank; no collectives."""
     _, (_, trace) = training_step(target, case)
     check_messages(trace, case, "forward", list(range(case["world"])), one_way=True)
@@ -222,15 +223,24 @@ def test_kv_shards_move_one_hop_at_a_time(target, case):
             harness.check(count == 2 * hops, f"{describe(case)}: forward issued {count} {kind}s; each of the "
                           f"N-1 = {hops} hops moves one K shard and one V shard ({2 * shard_bytes} B), so "
                           f"{2 * hops}", rank=rank)
+    # the cost model: shard-shaped messages (checked above), 2(N-1) of them, all to the downstream neighbour,
+    # fix the bytes per rank and the busiest link at 2(N-1) shards: the figures follow from the checks above
+    model, measured = 2 * hops * shard_bytes, ring_figures(trace, range(case["world"]), "forward")
+    cost.record(record_property, describe(case), model, bytes_per_rank=(model, measured["bytes_per_rank"]),
+                busiest_link=(model, measured["busiest_link"]),
+                messages_per_rank=(2 * hops, measured["messages_per_rank"]))
 
 
 @hs.fewer_examples(0.5)
 @given(cases(min_world=2))
-def test_forward_computes_while_the_next_shard_travels(target, case):
+def test_forward_computes_while_the_next_shard_travels(target, record_property, case):
     """Every forward receive has attention compute (matmul, exp) between its posting and the wait for it."""
     trace = harness.run(_attend, case["world"], target,   # every call of 123 counts compute (problems.yaml: probes)
                         shard_inputs(case, sequence(case)[:3], range(case["world"]))).trace
     check_receives_overlap_compute(trace, range(case["world"]), "forward", describe(case), "K/V shard")
+    # so every receive is hidden: the cost model's hidden fraction, 1
+    cost.record(record_property, describe(case), case["world"] * case["batch"] * case["heads"] * case["chunk"]
+                * case["dim"], hidden_fraction=(1.0, hidden_fraction(trace, range(case["world"]), "forward")))
 
 
 @hs.fewer_examples(0.1)    # two scans of every live object on each rank: the slowest probe here

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import example, given, settings, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 
 # this folder's own helper, grid3d.py (conftest.py makes it importable by name)
 from grid3d import (Placement, coords, distinct_full_model, drop_groups, factorisations, grid_groups, group_of,
@@ -299,26 +299,39 @@ def check_confined(case, trace):
                               f"{list(dp_ranks)} (gradients)", rank=rank)
 
 
+# the catalogue's cost model: figure -> its closed form, the statement's (a the bytes of one activation)
+BYTES_FORMULAS = {"tp": "m · (2·L_s − [s = 0]) · a", "pp": "m · a · ([s < pp−1] + [s > 0])",
+                  "dp": "L_s · (2·d·h/tp + h/tp + d) · e", "busiest link": "max(tp, dp, m · a)"}
+WHERE = {"pp": "point-to-point", "busiest link": "on its busiest group or point-to-point link"}
+
+
 def expected_bytes(case, rank) -> dict:
-    """Bytes one rank puts on the wire in one train_step: the statement's formula."""
+    """Bytes one rank hands its ops in one train_step, by group (pp: its sends), and the busiest link: the
+    statement's formulas."""
     dp, tp, pp, m = case["dp"], case["tp"], case["pp"], case["m"]
     e = 8 if case["dtype"] == "float64" else 4
     p = coords(rank, dp, tp, pp)[2]
     per, act = case["blocks"] // pp, case["mb"] * case["d"] * e
     d, h = case["d"], case["hidden"]
-    return {"tp": m * (2 * per - (p == 0)) * act if tp > 1 else 0,
+    want = {"tp": m * (2 * per - (p == 0)) * act if tp > 1 else 0,
             "pp": m * act * ((p > 0) + (p < pp - 1)),
             "dp": per * (2 * d * h // tp + h // tp + d) * e if dp > 1 else 0}
+    # one tp or dp group carries all of its figure; a pp link, one direction to one neighbour, m activations
+    return {**want, "busiest link": max(want["tp"], want["dp"], m * act if pp > 1 else 0)}
 
 
-def check_bytes(case, trace):
+def check_bytes(case, trace) -> dict:
+    """Checks every rank's figures, every step; returns {figure: (the model's, yours)}, the most over the ranks
+    in step 0, for the cost table."""
     dp, tp, pp = case["dp"], case["tp"], case["pp"]
+    shown = {}
     for rank in range(_world(case)):
         groups = {"tp": tuple(group_of("tp", rank, dp, tp, pp)), "dp": tuple(group_of("dp", rank, dp, tp, pp))}
         want = expected_bytes(case, rank)
         for step in range(case["steps"]):
             ops = trace.ops(rank, phase="step", step=step)
-            got = {"pp": sum(op.in_bytes for op in ops if op.kind == "send")}
+            sends = [op for op in ops if op.kind == "send"]
+            got = {"pp": sum(op.in_bytes for op in sends)}
             for kind, ranks in groups.items():
                 got[kind] = sum(op.in_bytes for op in ops if not op.is_p2p and op.group == ranks and len(ranks) > 1)
                 for op in ops:
@@ -326,12 +339,20 @@ def check_bytes(case, trace):
                         harness.check(op.kind == "all_reduce", f"{describe(case)}: train_step {step} issued "
                                       f"{op.describe()} in the {kind} group; only all_reduce is expected there",
                                       rank=rank)
-            for kind, formula in (("tp", "m*(2*L_s - [stage 0])*mb*d*e"), ("pp", "m*mb*d*e per neighbour"),
-                                  ("dp", "L_s*(2*d*h/tp + h/tp + d)*e")):
+            per_peer = [sum(op.in_bytes for op in sends if op.peer == peer) for peer in {op.peer for op in sends}]
+            got["busiest link"] = max([got["tp"], got["dp"], *per_peer])
+            for kind in ("tp", "pp", "dp", "busiest link"):
                 harness.check(got[kind] == want[kind],
-                              f"{describe(case)}: in train_step {step} this rank sent {got[kind]} bytes "
-                              f"{'point-to-point' if kind == 'pp' else f'in its {kind} group'}; the formula "
-                              f"{formula} gives {want[kind]}", rank=rank)
+                              f"{describe(case)}: {kind if kind == 'busiest link' else f'{kind} bytes per rank'}: in "
+                              f"train_step {step} this rank sent {got[kind]} bytes "
+                              f"{WHERE.get(kind, f'in its {kind} group')}; the cost model's {BYTES_FORMULAS[kind]} "
+                              f"gives {want[kind]}", rank=rank)
+            if step == 0:
+                for kind in want:
+                    model, yours = shown.get(kind, (0, 0))
+                    shown[kind] = (max(model, want[kind]), max(yours, got[kind]))
+    return {(kind if kind == "busiest link" else f"{kind} bytes per rank").replace(" ", "_"): pair
+            for kind, pair in shown.items()}
 
 
 @training_property
@@ -355,9 +376,13 @@ def test_communication_stays_confined(target, case):
 
 
 @training_property
-def test_bytes_per_step(target, case):
-    """Each train_step, each rank sends exactly the formula's bytes: tp all_reduce, p2p, dp all_reduce."""
-    check_bytes(case, run_case(target, case).trace)
+def test_bytes_per_step(target, record_property, case):
+    """Each train_step, each rank sends exactly the formula's bytes: tp all_reduce, p2p, dp all_reduce, and its
+    busiest link carries the most of them."""
+    figures = check_bytes(case, run_case(target, case).trace)
+    # the case that uses the most of tp, pp and dp is shown, the largest of those
+    used = sum(model > 0 for name, (model, _) in figures.items() if name != "busiest_link")
+    cost.record(record_property, describe(case), used * 10**9 + sum(model for model, _ in figures.values()), **figures)
 
 
 @settings(max_examples=2)

@@ -21,7 +21,7 @@ from hypothesis import Phase, example, given, reject, settings, strategies as st
 
 import harness
 from ckpt_data import LoggedDataset, epoch_batches, make_data, oracle
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.flat_shards import owned_real, shard_size
 from testkit.models import OptimizerSpec, random_mlp
 
@@ -174,13 +174,13 @@ def _save_then_resume(target, case, shared):
     other checkpoints.  Call C: resume on M ranks, train k2 more."""
     folder = _folder(shared, "resume", target.digest(), case)   # one per file judged: several share a process
     k1, k2, setup = case["k1"], case["k2"], trainer_setup(case)
-    first = harness.run(_session, case["n_save"], target, setup, given_to_ranks(case, case["n_save"], 0, k1, False),
-                        folder, k1, False, True, probes=[shared], reuse=True).values
+    saving = harness.run(_session, case["n_save"], target, setup, given_to_ranks(case, case["n_save"], 0, k1, False),
+                         folder, k1, False, True, probes=[shared], reuse=True)
     _copy_newest_out_of_order(folder, k1)
     second = harness.run(_session, case["n_resume"], target, setup,
                          given_to_ranks(case, case["n_resume"], k1, k2, True), folder, k2, True, False, True,
                          probes=[shared], reuse=True).values
-    return folder, first, second
+    return folder, saving.values, second, saving.trace
 
 
 def _check_committed(folder, step, why):
@@ -199,10 +199,11 @@ def _compare(got, want, what, rank, step):
 @hs.fewer_examples(0.3)
 @example(case=_RESUME_EXAMPLE)
 @given(case=resume_cases())
-def test_resume_on_another_world_size_matches_uninterrupted(target, case, shared):
+def test_resume_on_another_world_size_matches_uninterrupted(target, record_property, case, shared):
     """Train k1 steps on N ranks (saving after each), resume on M != N ranks, train k2 more: the parameters
-    equal uninterrupted single-process training after every step, on every rank."""
-    folder, first, second = _save_then_resume(target, case, shared)
+    equal uninterrupted single-process training after every step, on every rank; every step of the saving
+    run costs one gradient reduction and one all_gather of the shards (the cost model)."""
+    folder, first, second, trace = _save_then_resume(target, case, shared)
     k1, k2 = case["k1"], case["k2"]
     _check_committed(folder, k1, f"save() returned on every rank after step {k1}")
     expected = oracle(case, k1 + k2)
@@ -223,6 +224,32 @@ def test_resume_on_another_world_size_matches_uninterrupted(target, case, shared
                      f"parameters after resuming from step {k1} and training {i + 1} more step(s) "
                      f"({_describe(case)}); the data order, the dropout generator and the optimizer state must all "
                      "continue exactly where the saved run stopped", rank, k1 + i)
+    check_step_cost(record_property, trace, case, expected[0]["params"].numel())
+
+
+def check_step_cost(record_property, trace, case, numel):
+    """The cost model of one ZeRO-1 step on N ranks: a reduction of the flat gradient (all_reduce or
+    reduce_scatter, at most N·S elements in) and an all_gather of the S-element shards; nothing else."""
+    n, elem = case["n_save"], 8        # the tests' models are float64
+    bound = (n + 1) * shard_size(numel, n) * elem
+    worst = (0, 0)                      # (bytes per rank, messages per rank) of the busiest rank and step
+    for rank in range(n):
+        for step in range(case["k1"]):
+            ops = trace.ops(rank, phase="train", step=step)
+            sent = sum(op.in_bytes for op in ops)
+            what = f"train_step() {step} on rank {rank} of {n} ({_describe(case)}, P = {numel})"
+            harness.check(len(ops) == 2 or (n == 1 and not ops),
+                          f"{what} issued {len(ops)} collectives ({'; '.join(op.describe() for op in ops)}); the "
+                          "cost model's messages per rank is 2: one reduction of the flat gradient (all_reduce or "
+                          "reduce_scatter), one all_gather of the updated shards", rank=rank, step=step)
+            harness.check(sent <= bound,
+                          f"{what} sent {sent} bytes; the cost model's bytes per rank is at most "
+                          f"(N+1) · ceil(P/N) · elem_size = {bound}: the gradient reduction takes at most the "
+                          f"N·S padded elements, the all_gather only this rank's S. Gather the updated shards, not "
+                          "whole parameter vectors", rank=rank, step=step)
+            worst = max(worst, (sent, len(ops)))
+    cost.record(record_property, _describe(case), numel * n, bytes_per_rank=(bound, worst[0]),
+                messages_per_rank=(2, worst[1]))
 
 
 @hs.fewer_examples(0.3)
@@ -232,7 +259,7 @@ def test_optimizer_state_is_resharded(target, case, shared):
     """After resume on M ranks, rank r's local optimizer holds exactly its slice [r*S, (r+1)*S) of the flat
     parameters and of every optimizer state (S = ceil(P / M)), equal to an uninterrupted run's, then and after
     k2 more steps."""
-    _, _, second = _save_then_resume(target, case, shared)
+    _, _, second, _ = _save_then_resume(target, case, shared)
     k1, k2, m = case["k1"], case["k2"], case["n_resume"]
     expected = oracle(case, k1 + k2)
     numel = expected[0]["params"].numel()
@@ -275,7 +302,7 @@ def test_optimizer_state_is_resharded(target, case, shared):
 def test_every_sample_once_per_epoch_across_the_resume(target, case, shared):
     """Across the resume, each step's ranks together fetch exactly that step's global batch of the seeded
     epoch order: no sample skipped, none seen twice in an epoch, the partial last batch included."""
-    _, first, second = _save_then_resume(target, case, shared)
+    _, first, second, _ = _save_then_resume(target, case, shared)
     n, big_b, k1 = case["n"], case["global_batch"], case["k1"]
     seen = {}
     for step in range(k1 + case["k2"]):

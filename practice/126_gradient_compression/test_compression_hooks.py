@@ -11,7 +11,7 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.models import mse, random_batches, random_mlp, shard
 
 U_BF16 = 2.0 ** -8      # unit roundoff of bfloat16 (8 significant bits)
@@ -145,11 +145,12 @@ def _bf16_examples(test):
 @hs.fewer_examples(0.3)
 @given(bf16_cases())
 @_bf16_examples
-def test_bf16_bytes_are_half_of_fp32(target, case):
+def test_bf16_bytes_are_half_of_fp32(target, record_property, case):
     """bf16: each backward puts exactly 2 bytes per gradient element on the wire (half of float32), in
     bfloat16 tensors."""
     _, trace = _run(target, "bf16_compress_hook", case, torch.float32)
     numel = sum(p.numel() for p in random_mlp(case["widths"], 0).parameters())
+    sent = {}
     for rank in range(case["world_size"]):
         for step in range(case["steps"]):
             for op in trace.ops(rank, phase="backward", step=step):
@@ -157,12 +158,14 @@ def test_bf16_bytes_are_half_of_fp32(target, case):
                               f"{_describe(case, 'bf16_compress_hook')}: {op.describe()} carried {op.dtypes}; "
                               "the gradients go on the wire as torch.bfloat16 (float16 has the same size but "
                               "overflows past 65504)", rank=rank, step=step)
-            sent = backward_bytes(trace, rank, step)
-            harness.check(sent == 2 * numel,
-                          f"{_describe(case, 'bf16_compress_hook')}: the backward pass's collectives carried {sent} "
-                          f"bytes, but the {numel} gradient elements in bfloat16 are {2 * numel} bytes (float32 "
-                          f"would be {4 * numel}): every element goes on the wire once, as bf16",
-                          rank=rank, step=step)
+            sent[rank, step] = backward_bytes(trace, rank, step)
+            harness.check(sent[rank, step] == 2 * numel,
+                          f"{_describe(case, 'bf16_compress_hook')}: the backward pass's collectives carried "
+                          f"{sent[rank, step]} bytes, but bytes per rank (bf16) in the cost model is 2 · numel = "
+                          f"{2 * numel} for the {numel} gradient elements (float32 would be {4 * numel}): every "
+                          "element goes on the wire once, as bf16", rank=rank, step=step)
+    cost.record(record_property, _describe(case, "bf16_compress_hook"), numel * case["world_size"],
+                **{"bytes per rank (bf16)": (2 * numel, max(sent.values()))})
 
 
 @hs.fewer_examples(0.3)
@@ -231,19 +234,22 @@ def _with_examples(test):
 @hs.fewer_examples(0.3)
 @given(ddp_cases())
 @_with_examples
-def test_powersgd_bytes_are_the_low_rank_size(target, case):
+def test_powersgd_bytes_are_the_low_rank_size(target, record_property, case):
     """PowerSGD: each backward sends (n + m) * min(n, m, r) elements per n x m weight, plus the biases uncompressed."""
     _, trace = _run(target, "powersgd_hook", case, torch.float64)
     want = 8 * compressed_elements(case["widths"], case["r"])
     full = 8 * sum(p.numel() for p in random_mlp(case["widths"], 0).parameters())
+    sent = {}
     for rank in range(case["world_size"]):
         for step in range(case["steps"]):
-            sent = backward_bytes(trace, rank, step)
-            harness.check(sent == want,
-                          f"{_describe(case, powersgd_with_r(case))}: the backward pass's "
-                          f"collectives carried {sent} bytes; P and Q ((n + m) * min(n, m, r) elements per weight) "
-                          f"plus the 1-D biases are {want} bytes in float64 (uncompressed: {full})",
-                          rank=rank, step=step)
+            sent[rank, step] = backward_bytes(trace, rank, step)
+            harness.check(sent[rank, step] == want,
+                          f"{_describe(case, powersgd_with_r(case))}: the backward pass's collectives carried "
+                          f"{sent[rank, step]} bytes, but bytes per rank (PowerSGD) in the cost model is "
+                          "(Σ_W (n + m) · min(n, m, r) + Σ_b numel(b)) · elem_size: P and Q per weight plus the 1-D "
+                          f"biases, {want} bytes in float64 (uncompressed: {full})", rank=rank, step=step)
+    cost.record(record_property, _describe(case, powersgd_with_r(case)), full * case["world_size"],
+                **{"bytes per rank (PowerSGD)": (want, max(sent.values()))})
 
 
 @hs.fewer_examples(0.3)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import contiguous_groups, member_group
 from testkit.models import OptimizerSpec, mse, random_batches, random_mlp, shard
 
@@ -266,7 +266,7 @@ def test_scale_sequence_matches_grad_scaler(target, case):
 
 
 @scaling_property
-def test_found_inf_flag_is_all_reduced_each_step(target, case):
+def test_found_inf_flag_is_all_reduced_each_step(target, record_property, case):
     """Each step, the found-inf decision is combined by a collective over the ranks: a flag, not the gradients."""
     _, trace = run_case(target, case)
     if case["world_size"] == 1:
@@ -274,22 +274,27 @@ def test_found_inf_flag_is_all_reduced_each_step(target, case):
     model = random_mlp(case["widths"], case["seed"], dtype=torch.float32)
     n_tensors = len(list(model.parameters()))
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    limit = 8 * n_tensors
+    limit = 8 * n_tensors   # the cost model's bound on bytes per rank: a flag per parameter tensor at most
     world = tuple(range(case["world_size"]))
+    figures = []
     for rank in range(case["world_size"]):
         for step in range(case["steps"]):
             ops = trace.ops(rank, phase="scaler", step=step)
             collectives = [op for op in ops if not op.is_p2p and op.group == world]
             harness.check(collectives, f"{describe(case)}: unscale_()/step()/update() issued no collective over the "
-                          f"{case['world_size']} ranks ({len(ops)} ops in all): the found-inf flag must be "
-                          "combined (all_reduce, MAX or SUM) so that an overflow on any rank skips the step on "
-                          "every rank", rank=rank, step=step)
+                          f"{case['world_size']} ranks ({len(ops)} ops in all), but messages per rank in the cost "
+                          "model is ≥ 1: the found-inf flag must be combined (all_reduce, MAX or SUM) so that an "
+                          "overflow on any rank skips the step on every rank", rank=rank, step=step)
             sent = sum(op.in_bytes for op in ops)
             harness.check(sent <= limit and sent < grad_bytes,
                           f"{describe(case)}: unscale_()/step()/update() communicated {sent} bytes "
-                          f"({', '.join(op.describe() for op in ops)}); the decision needs a flag (at most "
-                          f"{limit} bytes: one per parameter tensor), and DDP has already averaged the "
-                          f"{grad_bytes} bytes of gradients", rank=rank, step=step)
+                          f"({', '.join(op.describe() for op in ops)}), but bytes per rank in the cost model is "
+                          f"≤ 8 · n_tensors = {limit}: the decision needs a flag (one per parameter tensor at "
+                          f"most), and DDP has already averaged the {grad_bytes} bytes of gradients",
+                          rank=rank, step=step)
+            figures.append((sent, len(ops)))
+    cost.record(record_property, describe(case), grad_bytes * case["world_size"],
+                bytes_per_rank=(limit, max(f[0] for f in figures)), messages_per_rank=(1, max(f[1] for f in figures)))
 
 
 # ---- float16 gradients: an overflow is an element, not a sum ---------------------------------------

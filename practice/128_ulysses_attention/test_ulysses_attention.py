@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.attention_shards import chunk_of, forward_backward
 from testkit.groups import member_group
 
@@ -202,6 +202,23 @@ def check_exchanges(trace, case, rank, group, phase):
                   f"{describe(case)}: {phase} issued {listing}; they run on the Ulysses group {group}", rank=rank)
 
 
+def forward_figures(trace, rank):
+    """The forward's cost figures on ``rank`` from the trace: bytes to the other ranks, the most to one of them,
+    and the messages (an all_to_all sends one to each other rank it gives rows to).  An all_to_all without split
+    sizes gives each rank of its group an equal share."""
+    to = {}
+    messages = 0
+    for op in trace.ops(rank, "all_to_all", phase="forward"):
+        splits = list(op.splits[1]) if op.splits and op.splits[1] else [1] * len(op.group)
+        for peer, part in zip(op.group, splits):
+            share = op.in_bytes * part // sum(splits) if sum(splits) else 0
+            if peer != rank and share:
+                to[peer] = to.get(peer, 0) + share
+                messages += 1
+    return {"bytes_per_rank": sum(to.values()), "busiest_link": max(to.values(), default=0),
+            "messages_per_rank": messages}
+
+
 # ---- Part 1: Ulysses ---------------------------------------------------------------------------------------
 
 def ulysses_example(**changes):
@@ -281,17 +298,29 @@ def test_ulysses_gradients_match_full_attention(target, case):
 @hs.fewer_examples(0.5)
 @given(ulysses_cases())
 @ulysses_example()
-def test_two_all_to_alls_each_way(target, case):
+def test_two_all_to_alls_each_way(target, record_property, case):
     _, trace = run(target, case, backward=True)     # the gradients' run, again (reuse)
     n = case["world_size"]
     if n == 1:
         return                                      # nothing to exchange: communicating is free
+    m = shard_bytes(case)
+    model = {"bytes_per_rank": 4 * m * (n - 1) // n, "busiest_link": 4 * m // n, "messages_per_rank": 2 * (n - 1)}
     for rank in range(n):
         for phase in CALL:
             others = [op for op in trace.ops(rank, phase=phase) if op.kind != "all_to_all"]
             harness.check(not others, f"{describe(case)}: {phase} issued {others[0].describe() if others else ''}; "
                           "Ulysses needs nothing but its two all_to_all each way", rank=rank)
             check_exchanges(trace, case, rank, range(n), phase)
+        # the 3M + M bytes in (checked above) fix the bytes per rank and the messages; the head groups being
+        # H/N heads each fixes the rest: every other rank gets the same share, 4M/N
+        measured = forward_figures(trace, rank)
+        harness.check(measured["busiest_link"] == model["busiest_link"],
+                      f"{describe(case)}: forward sent {measured['busiest_link']} bytes to one rank; the cost model's "
+                      f"busiest link is 4M/N = {model['busiest_link']} bytes (M = {m}): each rank takes a head group "
+                      f"of H/N heads, so every rank gets the same share of the 3M and the M", rank=rank)
+    worst = {figure: max(forward_figures(trace, r)[figure] for r in range(n)) for figure in model}
+    cost.record(record_property, describe(case), 4 * m * n,
+                **{figure: (model[figure], worst[figure]) for figure in model})
 
 
 # ---- Part 2: USP ---------------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ import torch
 from hypothesis import example, given, strategies as st
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import member_group
 from testkit.overlap import check_receives_overlap_compute
+from testkit.overlap_cost import hidden_fraction, ring_figures
 
 TOLERANCE = {torch.float64: dict(atol=1e-10, rtol=1e-8), torch.float32: dict(atol=2e-5, rtol=2e-5)}
 AG, RS = "all_gather_matmul", "matmul_reduce_scatter"
@@ -209,11 +210,23 @@ def check_forward_ring(trace, name, case):
                               rank=rank)
 
 
-def check_matmul_overlaps(trace, name, case, travelling):
-    """Between posting each forward receive and waiting on it, the rank ran a matmul that its output needed."""
+def record_ring_cost(record_property, trace, name, case):
+    """The cost model's figures, once check_forward_ring has passed: it fixes N - 1 messages of M bytes
+    (M = one x chunk, or one output chunk's partial sum), all to the same neighbour, so every figure is exact."""
+    hops, m = len(holders(case)) - 1, message_bytes(name, case)
+    measured = ring_figures(trace, holders(case), "forward")
+    cost.record(record_property, describe(name, case), hops * m, bytes_per_rank=(hops * m, measured["bytes_per_rank"]),
+                busiest_link=(hops * m, measured["busiest_link"]), messages_per_rank=(hops, measured["messages_per_rank"]))
+
+
+def check_matmul_overlaps(record_property, trace, name, case, travelling):
+    """Between posting each forward receive and waiting on it, the rank ran a matmul that its output needed:
+    the cost model's hidden fraction is 1."""
     check_receives_overlap_compute(trace, holders(case), "forward", describe(name, case), travelling, work="matmul",
                                    advice=f"post the isend/irecv of the {travelling}, run the matmul whose result "
                                           "the output uses while it travels, and only then wait")
+    cost.record(record_property, describe(name, case), len(holders(case)) * message_bytes(name, case),
+                hidden_fraction=(1.0, hidden_fraction(trace, holders(case), "forward")))
 
 
 # ---- Part 1: all-gather + GEMM ---------------------------------------------------------------------------
@@ -227,16 +240,17 @@ def test_all_gather_matmul_matches_the_unsharded_matmul(target, case):
 
 @given(cases(dtypes=(torch.float64, torch.float32)))
 @an_example()
-def test_all_gather_matmul_passes_x_chunks_round_the_ring(target, case):
+def test_all_gather_matmul_passes_x_chunks_round_the_ring(target, record_property, case):
     _, trace = run(target, AG, case)
     check_forward_ring(trace, AG, case)
+    record_ring_cost(record_property, trace, AG, case)
 
 
 @given(cases(dtypes=(torch.float64, torch.float32)))
 @an_example()
-def test_all_gather_matmul_computes_while_the_next_chunk_travels(target, case):
+def test_all_gather_matmul_computes_while_the_next_chunk_travels(target, record_property, case):
     _, trace = run(target, AG, case)
-    check_matmul_overlaps(trace, AG, case, "next x chunk")
+    check_matmul_overlaps(record_property, trace, AG, case, "next x chunk")
 
 
 # ---- Part 2: GEMM + reduce-scatter -----------------------------------------------------------------------
@@ -250,16 +264,17 @@ def test_matmul_reduce_scatter_matches_the_unsharded_matmul(target, case):
 
 @given(cases(dtypes=(torch.float64, torch.float32)))
 @an_example()
-def test_matmul_reduce_scatter_passes_partial_sums_round_the_ring(target, case):
+def test_matmul_reduce_scatter_passes_partial_sums_round_the_ring(target, record_property, case):
     _, trace = run(target, RS, case)
     check_forward_ring(trace, RS, case)
+    record_ring_cost(record_property, trace, RS, case)
 
 
 @given(cases(dtypes=(torch.float64, torch.float32)))
 @an_example()
-def test_matmul_reduce_scatter_computes_while_the_partial_sum_travels(target, case):
+def test_matmul_reduce_scatter_computes_while_the_partial_sum_travels(target, record_property, case):
     _, trace = run(target, RS, case)
-    check_matmul_overlaps(trace, RS, case, "partial sum")
+    check_matmul_overlaps(record_property, trace, RS, case, "partial sum")
 
 
 def _raises(target, mine):

@@ -8,6 +8,7 @@ the real run sent comes from the harness's trace; which gradient autograd comput
 test puts on the layers it hands each rank (``watch``), marked in the same trace with ``harness.phase``.  Each
 rank receives only its own stage and what its role needs (``harness.per_rank``).
 """
+import math
 from fractions import Fraction
 
 import torch
@@ -15,11 +16,12 @@ from hypothesis import given, strategies as st
 from torch import nn
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import contiguous_groups, group_layout, positions
 from testkit.models import mse, random_mlp
 from testkit.pipeline_runs import (against_the_truth, check_loss, check_message, full_batch_step, listed,
                                    run_pipelines, stage_widths)
+from testkit.pipeline_cost import ONE_STAGE_PER_RANK, SendCost, check_sends, figure_pairs
 from testkit.pipelines import check_deadlock, check_timeline, close, finished, simulated
 from testkit.schedule_drawing import record_drawing
 from testkit.schedule_strategies import durations, in_groups, schedules_that_finish, sizes
@@ -230,20 +232,25 @@ def test_peak_activations(target, pm, data):
 # ---- what the schedule buys --------------------------------------------------------------------------------
 
 @given(sizes(), durations(), durations(), durations())
-def test_makespan_and_bubble(target, pm, tf, tb, tw):
+def test_makespan_and_bubble(target, record_property, pm, tf, tb, tw):
     """Your schedule, timed by the rules, takes m(tf + tb + tw) + (p - 1)(tf + tb) - (min(m, p) - 1)min(tf, tb, tw),
     and your simulate gives that makespan and its bubble on the statement's schedule."""
     p, m = pm
-    want = zb_makespan(p, m, tf, tb, tw)
-    bubble = 1 - m * (Fraction(tf) + Fraction(tb) + Fraction(tw)) / want
+    want, work = zb_makespan(p, m, tf, tb, tw), m * (Fraction(tf) + Fraction(tb) + Fraction(tw))
+    bubble = 1 - work / want
     formula = (f"m(tf + tb + tw) + (p - 1)(tf + tb) - (min(m, p) - 1)min(tf, tb, tw) = {float(want):g}, bubble "
                f"{float(bubble):.4g}")
     got = schedule_of(target, p, m)
     timed = timeline(got, tf, tb, tw)
     harness.check(timed is not None, f"schedule_zb_h1({p}, {m}) can never finish:\n{render(got)}")
     harness.check(timed[0] == want, f"schedule_zb_h1({p}, {m}) timed by the statement's rules (tf={tf:g}, tb={tb:g}, "
-                                    f"tw={tw:g}) takes {float(timed[0]):g}; expected {formula}:\n"
+                                    f"tw={tw:g}) takes {float(timed[0]):g}, bubble fraction "
+                                    f"{float(1 - work / timed[0]):.4g}; "
+                                    f"the cost model's makespan is {formula}:\n"
                                     f"{render(timed[1], Fraction(min(tf, tb, tw)))}")
+    # the catalogue's bubble fraction, of your schedule as the rules time it (checked above through its makespan)
+    cost.record(record_property, f"schedule_zb_h1({p}, {m}), tf={tf:g}, tb={tb:g}, tw={tw:g}", p * m,
+                bubble_fraction=(float(bubble), float(1 - work / timed[0])))
     call = f"simulate(ZB-H1 with p={p}, m={m}, tf={tf:g}, tb={tb:g}, tw={tw:g})"
     out = feasible(simulate(target, zb_h1(p, m), tf, tb, tw), call, zb_h1(p, m))
     harness.check(close(out["makespan"], float(want)) and close(out["bubble_ratio"], float(bubble)),
@@ -478,12 +485,19 @@ def _around(steps, k):
 
 @hs.fewer_examples(0.6)
 @given(run_cases())
-def test_run_follows_the_op_list(target, case):
+def test_run_follows_the_op_list(target, record_property, case):
     """On every rank, the trace's sends and receives and the layers' gradients come in the op list's order: F
     receives, computes, sends; B receives, computes every input gradient and no weight gradient, sends; W computes
     the weight gradients only, and never before its B; each message act_shape, sends non-blocking."""
     p, act = case["p"], (case["rows"], case["widths"][1])
     _, trace = run_on_ranks(target, case)
+    # the cost model first: 1F1B's messages (W sends nothing), each act_shape in the stages' dtype
+    message = math.prod(act) * DTYPES[case["dtype"]].itemsize
+    model = SendCost.of((s, step[1], message) for s in range(p) for step in expected_steps(s, p, case["ops"][s])
+                        if step[0] == "send")
+    measured = SendCost.traced(trace)
+    check_sends(model, measured, ONE_STAGE_PER_RANK, describe(case))
+    cost.record(record_property, describe(case), model.figures()["bytes per rank"], **figure_pairs(model, measured))
     for s in range(p):
         want, got = expected_steps(s, p, case["ops"][s]), observed_steps(trace, s, case["ops"][s])
         k = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))

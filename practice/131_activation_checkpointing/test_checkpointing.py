@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import harness
-from testkit import strategies as hs
+from testkit import cost, strategies as hs
 from testkit.groups import contiguous_groups
 
 # the oracle (tests/oracles/131_activation_checkpointing/, imported by conftest.py)
@@ -457,11 +457,14 @@ def budget_run(target, case):
 @hs.fewer_examples(0.4)
 @example(at_least_peak(2, 1, dict(TRANSFORMER, p=0.25)))
 @given(budget_cases())
-def test_saved_bytes_within_budget(target, case):
+def test_saved_bytes_within_budget(target, record_property, case):
     """The learner's plan for the budget, run by train_step: the saved-for-backward bytes the harness sees
     alive (end of each unit's forward, recomputes included, and the loss) never pass the budget."""
     values, _ = budget_run(target, case)
     s, a, _ = case["costs"]
+    # the cost table: the plan's peak in the statement's model beside the one the harness saw (rank 0's plan)
+    cost.record(record_property, describe(case, values[0]["plan"]), sum(s),
+                saved_bytes=(peak_bytes(values[0]["plan"], s, a), values[0]["peaks"][0][0]))
     for r, out in enumerate(values):
         peak, where, what = out["peaks"][0]
         model_peak = peak_bytes(out["plan"], s, a)
@@ -476,12 +479,14 @@ def test_saved_bytes_within_budget(target, case):
 @hs.fewer_examples(0.4)
 @example(at_least_peak(2, 1, dict(TRANSFORMER, p=0.25)))
 @given(budget_cases())
-def test_recompute_flops_minimal(target, case):
+def test_recompute_flops_minimal(target, record_property, case):
     """The same run: the FLOPs the harness counted, less one plain forward and backward, are the least
     recompute FLOPs of any plan within the budget (the oracle's dynamic programme)."""
     values, _ = result = budget_run(target, case)
     s, a, f = case["costs"]
     base, best = plain_flops(case["model"], case["rows"]), least_flops(s, a, f, case["budget"])
+    cost.record(record_property, describe(case, values[0]["plan"]), sum(f),
+                recompute_flops=(best, max(result.flops) - base))   # the busiest rank's, checked below on each
     for r, out in enumerate(values):
         counted = result.flops[r]
         harness.check(counted - base == best, f"{describe(case, out['plan'])}: the harness counted {counted} FLOPs "
