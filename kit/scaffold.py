@@ -16,19 +16,25 @@ from . import catalogue, statements
 from .config import ROOT
 from .judging import test_names_in
 
-_TABLE_START, _TABLE_END = "| # | problem | difficulty | topic |\n|---|---|---|---|\n", "\n\n"
+# The top-level READMEs' problem tables, one per language: (file, header, one problem's row)
+_TABLES = {
+    "README.md": ("| # | problem | difficulty | topic |\n|---|---|---|---|\n",
+                  lambda p: f"| {p.number} | [{p.title}](practice/{p.folder}/README.md) | {p.difficulty} | {p.topic} |\n"),
+    "README.zh.md": ("| # | 题目 |\n|---|---|\n",
+                     lambda p: f"| {p.number} | [{p.title_in('zh')}](practice/{p.folder}/README.zh.md) |\n"),
+}
+_TABLE_END = "\n\n"
 
 
-def readme_table(problems: dict) -> str:
-    """The README's problem table, row by row from the catalogue."""
-    return _TABLE_START + "".join(
-        f"| {p.number} | [{p.title}](practice/{p.folder}/README.md) | {p.difficulty} | {p.topic} |\n"
-        for p in (problems[n] for n in sorted(problems)))
+def readme_table(problems: dict, readme: str = "README.md") -> str:
+    """A top-level README's problem table, row by row from the catalogue."""
+    header, row = _TABLES[readme]
+    return header + "".join(row(problems[n]) for n in sorted(problems))
 
 
-def _table_in(readme: str) -> str:
-    start = readme.find(_TABLE_START)
-    return "" if start < 0 else readme[start:readme.index(_TABLE_END, start) + 1]
+def _table_in(text: str, readme: str = "README.md") -> str:
+    start = text.find(_TABLES[readme][0])
+    return "" if start < 0 else text[start:text.index(_TABLE_END, start) + 1]
 
 
 def out_of_sync(problems: dict, root: str = ROOT, only=None) -> list:
@@ -61,10 +67,11 @@ def out_of_sync(problems: dict, root: str = ROOT, only=None) -> list:
                                  "its statement's concept section (the same name and closed form)")
         if not p.wrong_files(root):
             found.append(f"problem {p.number}: no known-wrong version in solutions/{p.folder}/wrong/")
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
-        if only is None and _table_in(f.read()) != readme_table(problems):
-            found.append("README.md: the problem table is not the catalogue's (python judge.py new rewrites it; "
-                         "kit.scaffold.readme_table gives it)")
+    for readme in _TABLES if only is None else ():
+        with open(os.path.join(root, readme), encoding="utf-8") as f:
+            if _table_in(f.read(), readme) != readme_table(problems, readme):
+                found.append(f"{readme}: the problem table is not the catalogue's (python judge.py new rewrites "
+                             "it; kit.scaffold.readme_table gives it)")
     return found
 
 
@@ -103,12 +110,14 @@ def new(number: int, slug: str, root: str = ROOT, title: str = "", topic: str = 
     with open(os.path.join(root, "problems.yaml"), "a", encoding="utf-8") as f:
         f.write(_ENTRY.format(number=number, slug=slug, title=title, topic=topic, name=name))
     problems = catalogue.load(os.path.join(root, "problems.yaml"))
-    readme = os.path.join(root, "README.md")
-    with open(readme, encoding="utf-8") as f:
-        text = f.read()
-    with open(readme, "w", encoding="utf-8") as f:
-        f.write(text.replace(_table_in(text), readme_table(problems)) if _table_in(text) else text)
-    return sorted(files) + ["problems.yaml", "README.md", f"tests/alternates/{folder}/"]
+    for readme in _TABLES:
+        path = os.path.join(root, readme)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace(_table_in(text, readme), readme_table(problems, readme)) if _table_in(text, readme)
+                    else text)
+    return sorted(files) + ["problems.yaml", *_TABLES, f"tests/alternates/{folder}/"]
 
 
 _STUB = '''"""Problem {number}: {title}.

@@ -56,6 +56,7 @@ def test_new_refuses_a_number_in_use_and_a_bad_slug(kit_copy):
 @pytest.mark.parametrize("breakage, expected", [
     ("points", "problem 199: points names test_renamed, which is no test"),
     ("readme_table", "README.md: the problem table is not the catalogue's"),
+    ("readme_zh_table", "README.zh.md: the problem table is not the catalogue's"),
     ("property_list", "problem 199: the statement's property list names [] that are no tests, and not the tests "
                       "['test_matches_the_sum_over_ranks']"),
     ("trace_test", "problem 199: trace_test names test_gone"),
@@ -71,6 +72,9 @@ def test_a_broken_catalogue_is_caught(kit_copy, tmp_path, breakage, expected):
         yaml.write_text(yaml.read_text().replace("test_matches_the_sum_over_ranks: 1", "test_renamed: 1"))
     elif breakage == "readme_table":
         readme.write_text(readme.read_text().replace("| 199 | [A sum]", "| 199 | [A total]"))
+    elif breakage == "readme_zh_table":
+        zh = broken / "README.zh.md"
+        zh.write_text(zh.read_text().replace("| 199 |", "| 198 |"))
     elif breakage == "property_list":
         statement.write_text(statement.read_text().replace("* `test_matches_the_sum_over_ranks`:", "* The sum:"))
     elif breakage == "no_cost":
