@@ -16,6 +16,8 @@
     python judge.py 113 --backend nccl   run the ranks on NCCL, one GPU each (gloo on the CPU by default)
     python judge.py selfcheck [N ...]    reference passes, stub scores 0, every known-wrong version fails
     python judge.py grade 113 DIR --out grades.csv     grade a folder of submissions (a status per student)
+    python judge.py grade 113 DIR --out g.csv --ray auto   the same, each submission a task on a Ray cluster
+    python judge.py doctor               what this machine has and which problems run here, with fixes
 
 Exit codes: 0 all passed, 1 some failed, 2 interrupted, 3 internal error, 4 usage error.
 """

@@ -26,6 +26,8 @@ Public API -- problems, the test helpers and the judge app use only these names:
                                   a returned value against the contract's type
     live_tensor_bytes, live_storages, saved_for_backward   tensor memory a rank holds, found through gc and autograd
     hold(*objects)                what a rank function keeps alive past its call's end, for ``RunResult.memory``
+    recording()                   a context manager: the same tracer in a process the harness did not start
+                                  (a rank under torchrun); yields the list of the block's CommOps
     CommOp, PhaseSpan, Trace, to_chrome      the trace of a call, and the same as Chrome trace-event JSON
     errors: HarnessError, HangError, HangStopped, RankError, NotImplementedYet, RankCrashed, ForbiddenOp,
             TraceTampered, TargetError, BackendUnavailable, WorldSkipped, raised_by_stub
@@ -48,7 +50,7 @@ _EXPORTS = {
     "assert_close": "properties", "check": "properties", "PropertyFailed": "properties",
     "expect_type": "properties", "WrongType": "properties",
     "live_tensor_bytes": "memory", "hold": "held", "live_storages": "memory", "saved_for_backward": "memory",
-    "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
+    "recording": "outside", "CommOp": "trace", "PhaseSpan": "trace", "Trace": "trace", "to_chrome": "timeline",
     "HarnessError": "errors", "HangError": "errors", "HangStopped": "errors", "RankError": "errors",
     "NotImplementedYet": "errors", "RankCrashed": "errors", "ForbiddenOp": "errors", "TraceTampered": "errors",
     "TargetError": "errors", "raised_by_stub": "errors", "BackendUnavailable": "errors", "WorldSkipped": "errors",

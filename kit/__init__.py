@@ -17,10 +17,15 @@ Layout, one job per module:
     stubs       the committed stub, --reset
     watch       --watch's loop; warm: WarmTests, its one warm test process; server: that process
     selfcheck   reference passes, stub scores 0, every known-wrong version fails
-    grade       a folder of submissions into a gradebook
+    grade       a folder of submissions into a gradebook; ray_grade: the same, a Ray task per submission
     live        progress on a terminal
     cli         judge.py's commands
     target_cli  --solution / --target for small scripts beside a problem
     compat      the suite against one torch version, in a fresh venv
+    doctor      what this machine has for the kit, which problems run here, the fix for each known problem
+    statements  a statement's sections and property list; messages: every message in English and Chinese
+    scaffold    judge.py new, and the catalogue's agreement with its files
+    notebook    the IPython magics (%%ranks, %judge); timeline_html: --show's page
     speed       where a learner's wait goes: a cold judge by phase, each property, --watch latency
+    launch/     python -m kit.launch N: your implementation run for real under torchrun, beside torch's own
 """

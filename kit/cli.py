@@ -39,7 +39,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     summary, _, details = doc.partition("\n\n")
     p = _Parser(prog="judge.py", description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog=details)
-    p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade' / 'new'")
+    p.add_argument("problem", nargs="?", help="problem number, or 'selfcheck' / 'grade' / 'new' / 'doctor'")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--solution", action="store_true", help="judge the reference in solutions/")
@@ -69,6 +69,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="CSV", help="grade: where to write the gradebook (CSV, plus JSON beside it)")
     p.add_argument("--jobs", type=_at_least_one, help="grade: submissions judged in parallel (default: CPU cores)")
     p.add_argument("--timeout", type=_positive, default=600, help="grade: seconds per submission")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="grade: judge each submission as a task on this Ray cluster (its address, or auto); "
+                        "needs pip install -e '.[ray]'")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also show hypothesis's own output under each failure")
     p.add_argument("--no-landlock", action="store_true",
@@ -163,6 +166,11 @@ def _sigterm_as_interrupt():
 
 
 def _dispatch(problems, args) -> int:
+    if args.problem == "doctor":   # before --sealed's refusal: doctor is how one finds out what is missing
+        if args.rest:
+            raise UsageError(Message("usage.unexpected", {"args": " ".join(args.rest)}))
+        from .doctor import doctor   # only here: it probes the machine
+        return doctor(problems, config_of(args))
     if args.sealed:
         _require_sealing(protections_here())
     if args.problem is None:
@@ -548,7 +556,8 @@ def _grade_args(problems, args):
         raise UsageError("usage: python judge.py grade <problem> <submissions folder> --out grades.csv")
     problem = _problem(problems, args.rest[0])
     _writable(args.out, "--out")
-    _check_backend([problem], config_of(args))
+    if not args.ray:   # on a Ray cluster the nodes' GPUs count, not this machine's (kit.ray_grade checks them)
+        _check_backend([problem], config_of(args))
     return problem, _tests_root(args)
 
 
@@ -572,7 +581,7 @@ def cmd_grade(problems, args) -> int:
             bar.console.print(f"graded {row['student']}: {_score(row)} ({row['status']}) in {row['elapsed']:.1f} s")
         book = grade(problem, submissions, skipped, args.out, config_of(args), seed=seed, tests_root=tests_root,
                      add_tests=args.add_tests, select=args.select, jobs=args.jobs, timeout=args.timeout,
-                     progress=tests.event, done=done)
+                     progress=tests.event, done=done, ray=args.ray)
     table = Table(show_edge=False, pad_edge=False, box=None)
     for col in ("student", "score", "status", "reason"):
         table.add_column(col, overflow="fold")

@@ -9,6 +9,7 @@ and none named F, a second entry for a student already found.
 
 Every student gets a row and a status that says what happened (``STATUSES``).  A Ctrl-C or SIGTERM
 starts nothing new, ends the running judges, and writes what there is, the unfinished students marked.
+The judges run here, in threads (``LocalJudges``), or as tasks on a Ray cluster (``kit.ray_grade``).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ STATUSES = {
     "tampered": "the submission interfered with the harness's record of communication",
     "timeout": "the whole judge took longer than --timeout and was stopped: 0",
     "error": "the kit failed to judge it (an internal error): see the reason",
+    "lost": "the Ray worker judging it died (its node went down or ran out of memory), on its one retry too: "
+            "no score",
     "interrupted": "grade was interrupted (Ctrl-C, SIGTERM) before this student was judged: no score",
 }
 # a test's kind that becomes the student's status, most serious first
@@ -126,20 +129,24 @@ def student_status(tests: list) -> tuple[str, str]:
 
 
 def grade_one(problem: Problem, student: str, path: str, config: KitConfig, seed: int, tests_root, timeout: float,
-              *, add_tests=None, select=None, stop: threading.Event | None = None, progress=None) -> dict:
-    """Judge one submission in a test process of its own: whatever it does costs only that student."""
+              *, add_tests=None, select=None, stop: threading.Event | None = None, progress=None,
+              shown_as: str | None = None) -> dict:
+    """Judge one submission in a test process of its own: whatever it does costs only that student.
+
+    ``shown_as``: the file the row and its messages name, when ``path`` is a copy (on a Ray worker)."""
     started = time.perf_counter()
-    row = {"student": student, "file": path, "status": "scored", "score": 0.0, "max_score": None, "tests": [],
+    shown = shown_as or path
+    row = {"student": student, "file": shown, "status": "scored", "score": 0.0, "max_score": None, "tests": [],
            "error": ""}
     if stop is not None and stop.is_set():
-        return {**row, "status": "interrupted", "score": None, "error": STATUSES["interrupted"], "elapsed": 0.0}
+        return unjudged_row(student, shown, "interrupted")
     try:
         with _importable(path) as judged:
             verdict = as_json(judge_once(problem, judged, config, tests_root=tests_root, add_tests=add_tests,
                                          seed=seed, select=select, timeout=timeout, progress=progress,
                                          runner=functools.partial(run_pytest, stop=stop)))
         for t in verdict["tests"]:
-            t["message"], t["example"] = t["message"].replace(judged, path), t["example"].replace(judged, path)
+            t["message"], t["example"] = t["message"].replace(judged, shown), t["example"].replace(judged, shown)
         status, reason = student_status(verdict["tests"])
         row.update(score=verdict["score"], max_score=verdict["max_score"], tests=verdict["tests"], status=status,
                    error=reason)
@@ -150,6 +157,12 @@ def grade_one(problem: Problem, student: str, path: str, config: KitConfig, seed
     except InternalError as e:
         row.update(status="error", error=str(e))
     return {**row, "elapsed": time.perf_counter() - started}
+
+
+def unjudged_row(student: str, file: str, status: str, reason: str = "") -> dict:
+    """The row of a student no judge scored (interrupted, lost with its Ray node): no score, and why."""
+    return {"student": student, "file": file, "status": status, "score": None, "max_score": None, "tests": [],
+            "error": reason or STATUSES[status], "elapsed": 0.0}
 
 
 @contextlib.contextmanager
@@ -170,37 +183,37 @@ def _importable(path: str):
 
 def grade(problem: Problem, submissions: list, skipped: list, out_csv: str, config: KitConfig, seed: int = 0,
           tests_root=None, add_tests=None, select=None, jobs: int | None = None, timeout: float = 600,
-          progress=None, done=None) -> Gradebook:
+          progress=None, done=None, ray: str | None = None) -> Gradebook:
     """Judge each (student, file) in parallel and write the gradebook, also when interrupted (Ctrl-C, or a
     SIGTERM the caller turns into KeyboardInterrupt): then nothing new starts, the running judges end, and
     the students not judged are rows with status "interrupted".
 
     ``progress(student, event)``: each judge's progress events; ``done(row)``: each student as it finishes.
+    ``ray``: a Ray cluster's address (``kit.ray_grade``): each submission is judged there, one task each.
     """
-    jobs = jobs or max(1, os.cpu_count() or 1)
-    stop = threading.Event()
+    if ray and jobs:
+        raise UsageError("--jobs and --ray: on Ray, how many judges run at once is what the nodes' CPUs allow "
+                         "(each asks for a CPU per rank); leave out --jobs")
+    if ray:
+        from .ray_grade import RayJudges   # only here: Ray is an optional extra
+        judges = RayJudges(ray, problem, config)
+    else:
+        judges = LocalJudges(jobs or max(1, os.cpu_count() or 1))
+    judge = functools.partial(grade_one, problem, config=config, seed=seed, tests_root=tests_root, timeout=timeout,
+                              add_tests=add_tests, select=select)
     book = Gradebook(skipped=skipped)
     rows = {}
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = {pool.submit(grade_one, problem, s, p, config, seed, tests_root, timeout, add_tests=add_tests,
-                           select=select, stop=stop,
-                           progress=functools.partial(progress, s) if progress else None): s for s, p in submissions}
     try:
-        for future in as_completed(futures):
-            rows[futures[future]] = future.result()
+        for row in judges.rows(judge, submissions, progress):
+            rows[row["student"]] = row
             if done:
-                done(rows[futures[future]])
+                done(row)
     except KeyboardInterrupt:
         book.interrupted = True
-        stop.set()   # the running judges end their test processes; the queued ones return at once
+        rows = {r["student"]: r for r in judges.stop()} | rows
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    for future, student in futures.items():
-        if student not in rows:
-            rows[student] = future.result() if future.done() and not future.cancelled() else {
-                "student": student, "file": dict(submissions)[student], "status": "interrupted", "score": None,
-                "max_score": None, "tests": [], "error": STATUSES["interrupted"], "elapsed": 0.0}
-    book.results = [rows[s] for s, _ in submissions]
+        judges.close()
+    book.results = [rows.get(s) or unjudged_row(s, p, "interrupted") for s, p in submissions]
     # A submission judged no test (a timeout, a judge that died) is still out of the class's maximum.
     class_max = max((r["max_score"] for r in book.results if r.get("max_score")), default=None)
     for r in book.results:
@@ -211,6 +224,30 @@ def grade(problem: Problem, submissions: list, skipped: list, out_csv: str, conf
         "tests": tests_root or "practice", "added_tests": add_tests, "when": time.time(),
         "interrupted": book.interrupted})
     return book
+
+
+class LocalJudges:
+    """The judges in threads of this process, ``jobs`` at a time, each with its test process."""
+
+    def __init__(self, jobs: int):
+        self.pool, self.stopped, self.futures = ThreadPoolExecutor(max_workers=jobs), threading.Event(), []
+
+    def rows(self, judge, submissions: list, progress=None):
+        """Each student's row, as its judge finishes."""
+        self.futures = [self.pool.submit(judge, s, p, stop=self.stopped,
+                                         progress=functools.partial(progress, s) if progress else None)
+                        for s, p in submissions]
+        for future in as_completed(self.futures):
+            yield future.result()
+
+    def stop(self) -> list:
+        """Start no judge, end the running ones: the rows of every judge that ended, the stopped ones included."""
+        self.stopped.set()   # the running judges end their test processes; the queued ones return at once
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        return [f.result() for f in self.futures if f.done() and not f.cancelled()]
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def column_order(problem: Problem, results: list) -> list[str]:

@@ -10,7 +10,8 @@ import harness
 import kit
 
 APP = os.path.dirname(os.path.abspath(kit.__file__))
-FILES = sorted(f for f in os.listdir(APP) if f.endswith(".py"))
+FILES = sorted(os.path.relpath(os.path.join(folder, f), APP) for folder, _, files in os.walk(APP)
+               for f in files if f.endswith(".py"))   # kit/launch/ too
 PUBLIC_MODULES = {"harness", "harness.errors"}
 
 

@@ -108,6 +108,13 @@ def _quiet_renamed_collectives():
                             category=FutureWarning)
 
 
+def gloo_environment(platform: str) -> dict:
+    """The variables a rank sets for gloo on ``platform``.  On macOS gloo looks for its interface through
+    the host's name, which often resolves to no address of this machine, and the group never forms
+    ("Unable to find address for ..."); every rank of a world runs on this machine, so loopback is right."""
+    return {"GLOO_SOCKET_IFNAME": "lo0"} if platform == "darwin" else {}
+
+
 def rank_main(setup: RankSetup, conn, record_conn):
     # stderr first: whatever goes wrong from here on is shown in the RankCrashed message
     stderr_fd = os.open(setup.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -137,6 +144,9 @@ def rank_main(setup: RankSetup, conn, record_conn):
     # (what it could not do, it says to the test process)
     _cap_allocations(setup.sandbox.memory_gb)
     _give_back_large_frees()
+    # set over a user's own value too: the engine reads no environment, and loopback reaches every peer
+    for name, value in gloo_environment(sys.platform).items():
+        os.environ[name] = value
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=600))
     guard_store()   # the store's file stays writable for gloo; rank code may not use it
