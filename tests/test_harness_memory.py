@@ -88,3 +88,14 @@ def test_resident_memory_follows_what_a_rank_holds_not_what_it_freed():
         kept = growth["end"] - growth["start"]
         assert keep_mb * MB <= kept + MB // 4 and kept < (keep_mb + 2) * MB, (keep_mb, growth)
         assert growth["peak"] - growth["start"] >= 16 * MB or keep_mb, growth   # the churn was seen while it ran
+
+
+def blip():
+    """64 MiB touched and freed at once: far shorter than a watchdog tick."""
+    t = torch.ones(16 * MB)
+    del t
+
+
+def test_the_peak_is_the_kernels_high_water_mark_not_a_sampled_one():
+    for growth in harness.run(blip, 2).memory:
+        assert growth["peak"] - growth["start"] >= 64 * MB - MB, growth

@@ -31,6 +31,21 @@ def test_collective_fields():
         assert not op.is_p2p and "all_reduce [3x2] 24 B at" in op.describe()
 
 
+def gather_and_scatter():
+    shard, full = torch.ones(2), torch.empty(4)
+    dist.all_gather_into_tensor(full, shard)
+    dist.reduce_scatter_tensor(shard, full)
+
+
+def test_a_deprecated_collective_is_placed_at_the_code_that_called_it():
+    """torch 2.13 wraps all_gather_into_tensor and reduce_scatter_tensor in typing_extensions' @deprecated:
+    the op's site is still the line of the code under test, not the wrapper's."""
+    _, trace = harness.run(gather_and_scatter, 2, timeout=10)
+    gather, scatter = trace.ops(0)
+    assert source_at(gather.site) == "dist.all_gather_into_tensor(full, shard)", gather.site
+    assert source_at(scatter.site) == "dist.reduce_scatter_tensor(shard, full)", scatter.site
+
+
 def sync_and_async():
     t = torch.ones(4, dtype=torch.float64)
     dist.broadcast(t, 0)

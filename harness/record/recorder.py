@@ -1,11 +1,10 @@
 """The rank's record of one call: every op as it is issued and waited on, and the marked phases.
 
-``Recorder`` polices each op against the call's ``Policy``, records it (kind, tensors, group, the
-user-code site that issued it, when it was issued and waited on), and streams every event to the
-test process at once through a pipe, which builds the trace from that stream.  Its group half
-(``_groups.GroupCounters``) checks the groups' own op counters against the record.  ``phase``
-marks a region of a rank function.  The kernels in ``_kernels`` feed the one active recorder
-(``active()``), installed once per rank.
+``Recorder`` polices each op against the call's ``Policy``, records it (kind, tensors, group, the user-code
+site that issued it, when it was issued and waited on), and streams every event to the test process at once
+through a pipe, which builds the trace from that stream.  Its group half (``groups.GroupCounters``) checks the
+groups' own op counters against the record.  ``phase`` marks a region of a rank function.  The kernels in
+``kernels`` feed the one active recorder (``active()``), installed once per rank.
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import threading
 import time
 
 import torch
+import typing_extensions
 
 from .. import _torch
 from .groups import GroupCounters, global_rank, process_group, ranks_of, resolve_group
@@ -27,8 +27,9 @@ from .policy import Policy, ops_digest
 from ..trace import P2P_KINDS, ROOTED_KINDS
 
 _FLIGHT_LOCK = threading.Lock()
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_SKIP_DIRS = (_TORCH_DIR, ENGINE_DIR, os.path.dirname(threading.__file__))
+# torch, the harness, the stdlib, and typing_extensions: torch 2.13 wraps all_gather_into_tensor in its @deprecated
+_SKIP_DIRS = (os.path.dirname(torch.__file__), ENGINE_DIR, os.path.dirname(threading.__file__),
+              typing_extensions.__file__)
 
 
 def user_frame(frame):
@@ -58,8 +59,7 @@ class Recorder(GroupCounters):
         self.ops: list[dict] = []
         self.phases: list[dict] = []
         self.phase_stack: list[dict] = []
-        # id(Work or output tensor) -> (that object, op dict): what a wait is matched on; holding the
-        # object keeps its id unique
+        # id(Work or output tensor) -> (that object, op dict): what a wait is matched on; holding it keeps ids unique
         self.works: dict[int, tuple] = {}
         self.t0 = time.perf_counter()
         self.policy = policy or Policy()
