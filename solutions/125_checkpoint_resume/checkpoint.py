@@ -63,6 +63,19 @@ class Trainer:
         return order[j * self.global_batch:(j + 1) * self.global_batch]
 
     def train_step(self):
+        grad = self._flat(self._local_gradients())
+        dist.all_reduce(grad)                                       # the sum of the parts: the batch mean
+        with torch.no_grad():
+            self.shard.grad = grad[self._own].clone()
+            self.local_optimizer.step()
+            full = torch.empty_like(grad)
+            dist.all_gather_into_tensor(full, self.shard.detach())
+            self._write_params(full)
+        self.step += 1
+
+    def _local_gradients(self) -> list:
+        """This rank's part of the next batch's mean gradient, a tensor per parameter (zeros on a rank with no
+        sample of it)."""
         batch = self._batch()
         b = len(batch)
         # the whole batch's mask on every rank (ranks without samples too), so the stream is one for all
@@ -77,15 +90,7 @@ class Trainer:
             x = (torch.stack(xs) * keep / (1 - self.dropout)).to(here, dtype)
             y = torch.stack(ys).to(here, dtype)
             (((self.model(x) - y) ** 2).sum() / b).backward()     # this rank's part of the batch mean
-        grad = self._flat([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
-        dist.all_reduce(grad)                                       # the sum of the parts: the batch mean
-        with torch.no_grad():
-            self.shard.grad = grad[self._own].clone()
-            self.local_optimizer.step()
-            full = torch.empty_like(grad)
-            dist.all_gather_into_tensor(full, self.shard.detach())
-            self._write_params(full)
-        self.step += 1
+        return [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
 
     # ---- save: every rank its part (write, rename), a barrier, then one rank commits ----
 
