@@ -291,3 +291,16 @@ def test_reuse_knows_equal_tensors_drawn_afresh():
     first = harness.run(_random_tag, 2, torch.arange(6.0), reuse=True).values
     assert harness.run(_random_tag, 2, torch.arange(6.0), reuse=True).values == first
     assert harness.run(_random_tag, 2, torch.arange(6.0) + 1, reuse=True).values != first
+
+
+def test_a_world_works_when_the_test_process_holds_descriptors_past_fd_setsize():
+    """A test process that has run many worlds holds more than 1024 descriptors (select.select's FD_SETSIZE):
+    the reply pipes, the file witness and the traffic witness of a world made then are waited on all the same."""
+    harness.shutdown()   # the next world is made now, its descriptors above the ones held here
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert harness.run(sum_of_ranks, 3).values == [3.0] * 3
+    finally:
+        harness.shutdown()   # no later test gets this world
+        for fd in held:
+            os.close(fd)

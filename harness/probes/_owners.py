@@ -8,11 +8,11 @@ snapshots.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import time
 from dataclasses import dataclass, field
 
+from ..world.waiting import readable
 from . import _netdiag as nd
 
 _STATES = nd.ALL_STATES & ~(1 << nd.TCP_TIME_WAIT)   # a TIME_WAIT socket belongs to no process any more
@@ -204,7 +204,7 @@ def _gone_since(watch: nd.DestroyWatch | None, last: dict, snap: Snapshot) -> di
     while watch is not None and time.monotonic() < deadline:
         if all(cookie in snap.gone or cookie in notices for cookie, _, _ in vanished):
             break
-        select.select([watch.sock], [], [], max(0.0, deadline - time.monotonic()))
+        readable([watch.sock], max(0.0, deadline - time.monotonic()))
         notices.update({s.cookie: s for s in watch.drain(last.__contains__)})
     for cookie, r, _ in vanished:
         if cookie not in snap.gone and cookie in notices:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import glob
 import os
-import select
 import threading
 
 from ..sandbox.notify import Rules, Supervisor, recv_fd
 from ..sandbox.landlock import SHARED_MEMORY
+from ..world.waiting import readable
 from .kill import Killed
 
 _TICK = 0.2   # seconds the supervising thread waits before it looks at which supervisors are open
@@ -110,7 +110,7 @@ class FileWitness:
                 live = [s for s in self.supervisors.values() if s.listener_fd >= 0 and not s.done]
             if not live:
                 return
-            ready, _, _ = select.select(live, [], [], _TICK)
+            ready = readable(live, _TICK)
             with self.lock:
                 for supervisor in ready:
                     if supervisor.listener_fd >= 0:

@@ -1,7 +1,22 @@
-"""One call's wait for its ranks (``World._collect``): what is pending, what came back, and its epoll set."""
+"""One call's wait for its ranks (``World._collect``): what is pending, what came back, and its epoll set; and
+``readable``, the engine's one wait for a few descriptors."""
 from __future__ import annotations
 
+import math
+import select
 import selectors
+
+
+def readable(objs, timeout: float | None) -> list:
+    """Those of ``objs`` (descriptors, or objects with ``fileno()``) ready to read, or at end of file, within
+    ``timeout`` seconds (None: no limit).  select.select's answer without its FD_SETSIZE: a test process that
+    has run many worlds holds descriptors past 1024, which select.select refuses."""
+    poll, by_fd = select.poll(), {}
+    for obj in objs:
+        by_fd[obj if isinstance(obj, int) else obj.fileno()] = obj
+    for fd in by_fd:
+        poll.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poll.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))]
 
 
 class Waiting:

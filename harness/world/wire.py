@@ -28,7 +28,6 @@ import json
 import math
 import os
 import pickle
-import select
 import struct
 import sys
 import time
@@ -37,6 +36,8 @@ from collections import ChainMap
 from dataclasses import dataclass
 
 import cloudpickle
+
+from .waiting import readable
 
 TOKEN_BYTES = 16   # each call's random token, first in its payload and echoed in every reply
 
@@ -282,7 +283,7 @@ def read_frame(conn, deadline: float) -> bytes:
 def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
     buffer, got = bytearray(size), 0
     while got < size:
-        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not readable([fd], max(0.0, deadline - time.monotonic())):
             raise TimeoutError
         chunk = os.read(fd, min(size - got, 1 << 22))
         if not chunk:

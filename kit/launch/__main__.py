@@ -29,10 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kit.launch", allow_abbrev=False,
-                                description="Run your implementation of a problem under torchrun, beside "
-                                            "torch's own, and print per-step figures (a measurement, not a grade).",
-                                epilog="Any other argument is torchrun's (after --, all of them). Default: "
-                                       f"{' '.join(DEFAULT_TORCHRUN)}, or SLURM's variables when set.")
+                description="Run your implementation of a problem under torchrun, beside torch's own, and print "
+                            "per-step figures (a measurement, not a grade).",
+                epilog="Any other argument is torchrun's (after --, all of them). Default: "
+                       f"{' '.join(DEFAULT_TORCHRUN)}, or SLURM's variables when set.")
     p.add_argument("problem", type=int, help="the problem's number")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--target", metavar="FILE", help="your file (default: practice/<problem>/<its file>)")
