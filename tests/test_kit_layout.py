@@ -45,3 +45,16 @@ def test_no_problem_number_in_the_app(name):
 def test_environment_overrides_are_read_only_in_config(name):
     assert not re.search(r"environ(\.get)?\s*[\[(]\s*[\"']KIT_|getenv\(\s*[\"']KIT_", _source(name)), \
         f"{name} reads a KIT_* variable: read it in kit/config.py"
+
+
+def test_an_installed_kit_holds_every_package_of_the_tree():
+    """pyproject's package list takes in every folder of the three layers that is a package (harness.record,
+    kit.launch ...): the README's editable install finds them all anyway, a plain ``pip install .`` only these."""
+    tomllib = pytest.importorskip("tomllib")                                  # Python 3.11 on
+    find_packages = pytest.importorskip("setuptools").find_packages         # a venv of 3.12 on has none
+    root = os.path.dirname(APP)
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        listed = set(find_packages(root, **tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]))
+    in_tree = {os.path.relpath(folder, root).replace(os.sep, ".") for layer in ("harness", "kit", "testkit")
+               for folder, _, files in os.walk(os.path.join(root, layer)) if "__init__.py" in files}
+    assert listed == in_tree, (sorted(in_tree - listed), sorted(listed - in_tree))
